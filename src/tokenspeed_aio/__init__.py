@@ -1,0 +1,1 @@
+"""tokenspeed_aio: an LLM inference engine whose control plane is asyncio-native."""

@@ -1,0 +1,58 @@
+"""What one forward reads besides its token ids: attention metadata and the KV cache.
+
+Built by the model runner on the forward thread for each forward, frozen once the
+forward is launched (the capture contract), and passed explicitly down the model:
+``model(input_ids, positions, ctx)``. Layers never look it up globally.
+
+Paged KV layout (one pair per layer, owned by the KV pool)::
+
+    k_cache[layer], v_cache[layer]: [num_blocks, page_size, num_kv_heads, head_dim]
+
+Block 0 is the reserved null block: padding rows and dummy slots point at it and
+nothing real is ever stored there. A token at absolute position ``p`` of a row
+lives in block ``block_tables[row, p // page_size]`` at offset ``p % page_size``;
+``slot_mapping`` holds ``block * page_size + offset`` for each new token.
+
+Rows of a batch are laid out back to back (decodes first, then prefill chunks)::
+
+    query_start_loc = [0, q0, q0+q1, ...]          # [B + 1]
+    seq_lens[i]     = context_lens[i] + query_lens[i]  # KV length after this forward
+    new tokens of row i attend causally to positions [0, seq_lens[i]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    """Device tensors plus the host-side sizes the runner already knows (no sync needed)."""
+
+    num_tokens: int  # sum of query_lens (may include CUDA-graph padding rows at the end)
+    num_rows: int  # B
+    max_query_len: int  # host int, for kernels that size their grid by it
+    max_seq_len: int  # host int
+    is_decode_only: bool  # every row has query_len == 1 (CUDA-graph eligible)
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32, KV length after this forward
+    context_lens: torch.Tensor  # [B] int32, KV length before this forward (cached prefix)
+    block_tables: torch.Tensor  # [B, max_blocks_per_row] int32, unused entries = 0 (null block)
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 for padding tokens (nothing written)
+    # Host copies for backends that loop or pad on the host (the torch backend).
+    query_lens_host: tuple[int, ...]
+    seq_lens_host: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardContext:
+    """Everything a layer reads for one forward, besides its own weights."""
+
+    attn: AttentionMetadata
+    backend: Any  # an AttentionBackend instance (model/attention/base.py)
+    k_caches: tuple[torch.Tensor, ...]  # one per layer
+    v_caches: tuple[torch.Tensor, ...]
