@@ -1,0 +1,282 @@
+"""The frontend core shared by AsyncEngine and the HTTP server: tokenization,
+request streams, detokenization, stop strings, and one output task per engine.
+
+It talks to the engine through an EngineConnection (in-process or ZMQ) carrying
+the wire's msgspec messages; it never touches the device or imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from tokenspeed_aio.api.errors import (
+    EngineDeadError,
+    EngineError,
+    InvalidRequestError,
+    RequestConflictError,
+    error_from_status,
+)
+from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.server.detokenizer import IncrementalDetokenizer, StopStrings
+from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.wire.messages import (
+    AbortRequest,
+    GenerateRequest,
+    InboundMessage,
+    Load,
+    OutputBatch,
+    TokenOutput,
+)
+
+logger = logging.getLogger(__name__)
+
+STALE_SECONDS = 3.0
+ASYNC_TOKENIZE_CHARS = 16_384  # longer prompts are tokenized off the event loop
+
+
+class EngineConnection(Protocol):
+    def send(self, msg: InboundMessage, replica: int) -> None: ...
+
+    async def receive(self) -> OutputBatch:
+        """The next output batch; raises ConnectionError once the engine is gone."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class RequestStream:
+    """One request's stream: accumulates tokens and text, applies stop strings."""
+
+    __slots__ = (
+        "detok",
+        "finished",
+        "logprobs",
+        "params",
+        "queue",
+        "replica",
+        "rid",
+        "sent",
+        "stops",
+        "text",
+        "token_ids",
+    )
+
+    def __init__(
+        self, rid: str, params: SamplingParams, detok: IncrementalDetokenizer, replica: int
+    ) -> None:
+        self.rid = rid
+        self.replica = replica  # the attention-DP replica serving it
+        self.params = params
+        self.detok = detok
+        self.stops = StopStrings(params.stop, params.include_stop_str_in_output)
+        self.token_ids: list[int] = []
+        self.logprobs = [] if params.logprobs is not None else None
+        self.text = ""
+        self.sent = 0  # characters of text already emitted
+        self.finished = False
+        self.queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
+
+    def process(self, out: TokenOutput) -> bool:
+        """Apply one engine output; True when a stop string ended the request here
+        (the engine must be told to abort it)."""
+        if out.error_status:
+            self.finished = True
+            self.queue.put_nowait(error_from_status(out.error_status, out.error_message or ""))
+            return False
+        self.token_ids.extend(out.token_ids)
+        if out.logprobs is not None and self.logprobs is not None:
+            self.logprobs.extend(out.logprobs)
+        new_text = self.detok.step(out.token_ids) if out.token_ids else ""
+        if out.finished:
+            new_text += self.detok.flush()
+        self.text += new_text
+        finished, reason, stop_reason = out.finished, out.finish_reason, out.stop_reason
+        stopped_here = False
+        if self.stops.stops and new_text:
+            hit = self.stops.check(self.text, len(new_text))
+            if hit is not None:
+                self.text, stop_reason = hit
+                stopped_here = not finished
+                finished, reason = True, "stop"
+        visible = self.stops.releasable(self.text, finished)
+        delta = self.text[self.sent : visible]
+        self.sent = max(self.sent, visible)
+        self.finished = finished
+        self.queue.put_nowait(
+            RequestOutput(
+                rid=self.rid,
+                token_ids=list(self.token_ids),
+                text=self.text[:visible],
+                delta_text=delta,
+                finished=finished,
+                finish_reason=reason,
+                stop_reason=stop_reason,
+                logprobs=list(self.logprobs) if self.logprobs is not None else None,
+                prompt_logprobs=out.prompt_logprobs,
+                num_prompt_tokens=out.num_prompt_tokens,
+                num_cached_tokens=out.num_cached_tokens,
+                delta_token_ids=out.token_ids,
+            )
+        )
+        return stopped_here
+
+
+class Frontend:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        connection: EngineConnection,
+        *,
+        max_model_len: int,
+        num_replicas: int = 1,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.connection = connection
+        self.max_model_len = max_model_len
+        self.num_replicas = num_replicas
+        self.streams: dict[str, RequestStream] = {}
+        self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
+        self.dead: EngineError | None = None
+        self._task = asyncio.create_task(self._pump(), name="ts-frontend-outputs")
+        self._task.add_done_callback(self._pump_done)
+
+    # -- requests ---------------------------------------------------------------
+    async def generate(
+        self,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        rid: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        params = sampling_params or SamplingParams()
+        ids = await self._prompt_ids(prompt, prompt_token_ids)
+        self.validate(ids, params)
+        stream = self.submit(rid or uuid.uuid4().hex, ids, params)
+        try:
+            while True:
+                item = stream.queue.get_nowait() if stream.queue.qsize() else await stream.queue.get()
+                if isinstance(item, EngineError):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not stream.finished:
+                self.abort(stream.rid)
+            self.streams.pop(stream.rid, None)
+
+    async def _prompt_ids(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
+        if (prompt is None) == (prompt_token_ids is None):
+            raise InvalidRequestError("prompt: give exactly one of prompt or prompt_token_ids")
+        if prompt_token_ids is not None:
+            return list(prompt_token_ids)
+        if len(prompt) > ASYNC_TOKENIZE_CHARS:
+            return await self.tokenizer.encode_async(prompt)
+        return self.tokenizer.encode(prompt)
+
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        """Client errors the frontend can name precisely (HTTP 400)."""
+        if params.n != 1:
+            raise InvalidRequestError(
+                "n: one generate() call is one sequence; call it n times (the HTTP API fans "
+                "n out for you)",
+                param="n",
+            )
+        if not ids:
+            raise InvalidRequestError("prompt: the prompt is empty", param="prompt")
+        want = len(ids) + (params.max_tokens or 1)
+        if want > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt: this model's maximum context length is {self.max_model_len} tokens, "
+                f"but {want} were requested ({len(ids)} in the prompt, "
+                f"{params.max_tokens or 1} to generate)",
+                param="max_tokens" if params.max_tokens else "prompt",
+            )
+
+    def submit(self, rid: str, ids: list[int], params: SamplingParams) -> RequestStream:
+        if self.dead is not None:
+            raise self.dead
+        if rid in self.streams:
+            raise RequestConflictError(f"request id {rid!r} is already running", param="rid")
+        seed = params.seed % 2**63 if params.seed is not None else random.getrandbits(63)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        replica = self.route()
+        stream = self.streams[rid] = RequestStream(rid, params, detok, replica)
+        self.connection.send(GenerateRequest(rid, ids, params, seed, time.time()), replica)
+        return stream
+
+    def abort(self, rid: str) -> None:
+        stream = self.streams.pop(rid, None)
+        if stream is not None and self.dead is None:
+            stream.finished = True
+            self.connection.send(AbortRequest(rid), stream.replica)
+
+    def route(self) -> int:
+        """The replica with the lowest reported load (running + waiting), counting the
+        requests sent since its last report so a burst spreads evenly."""
+        if self.num_replicas == 1:
+            return 0
+        sent = [0] * self.num_replicas
+        for stream in self.streams.values():
+            sent[stream.replica] += 1
+
+        def load(replica: int) -> int:
+            report = self.loads.get(replica)
+            reported = report[0].running + report[0].waiting if report else 0
+            return max(reported, sent[replica])
+
+        return min(range(self.num_replicas), key=load)
+
+    # -- health -------------------------------------------------------------------
+    def stale_replicas(self) -> list[int]:
+        now = time.monotonic()
+        return [
+            r
+            for r in range(self.num_replicas)
+            if r not in self.loads or now - self.loads[r][1] > STALE_SECONDS
+        ]
+
+    # -- outputs ------------------------------------------------------------------
+    async def _pump(self) -> None:
+        while True:
+            batch = await self.connection.receive()
+            self.loads[batch.replica] = (batch.load, time.monotonic())
+            for out in batch.outputs:
+                stream = self.streams.get(out.rid)
+                if stream is None or stream.finished:
+                    continue  # aborted by its client: the engine's final output is moot
+                if stream.process(out):
+                    self.connection.send(AbortRequest(out.rid), stream.replica)
+                if stream.finished:
+                    del self.streams[out.rid]
+
+    def _pump_done(self, task: asyncio.Task) -> None:
+        if self.dead is not None:
+            return  # an orderly shutdown already failed what was left
+        if task.cancelled():
+            err: EngineError = EngineDeadError("the engine was shut down")
+        else:
+            exc = task.exception()
+            logger.error("engine connection lost: %r", exc)
+            err = EngineDeadError(f"the engine stopped: {exc}")
+        self.fail_all(err)
+
+    def fail_all(self, err: EngineError) -> None:
+        self.dead = err
+        for stream in self.streams.values():
+            stream.finished = True
+            stream.queue.put_nowait(err)
+        self.streams.clear()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.connection.close()

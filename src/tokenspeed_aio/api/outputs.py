@@ -1,0 +1,23 @@
+"""RequestOutput: what ``AsyncEngine.generate`` yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenspeed_aio.scheduler.plan import TokenLogprobs
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    rid: str
+    token_ids: list[int]  # generated so far, without the prompt
+    text: str  # generated text so far (stop strings applied)
+    delta_text: str  # text new in this output
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | abort
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logprobs: list[TokenLogprobs] | None = None  # aligned with token_ids, when asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    delta_token_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,91 @@
+"""EngineArgs: the engine's settings, one spelling for the CLI and the Python API.
+
+Each field is a ``serve`` flag with dashes turned into underscores. Validation
+raises ValueError naming the field and its limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None  # a local HF checkpoint dir; None: the built-in default model
+    tokenizer: str | None = None  # defaults to the model dir
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    load_format: str = "auto"
+    device: str = "auto"
+    seed: int = 0  # dummy weights' seed
+    tp: int = 1
+    dp: int = 1
+    page_size: int = 16
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    max_num_seqs: int = 256
+    chunked_prefill_size: int = 8192  # per-round token budget
+    enable_prefix_caching: bool = True
+    in_flight_depth: int = 1  # 0: commit every forward before planning the next
+    num_kv_blocks: int | None = None  # fixes the KV pool size (tests); else sized by memory
+    kv_cache_memory_gb: float = 2.0  # CPU: memory for the KV pool
+    gpu_memory_utilization: float = 0.9
+    attention_backend: str = "auto"  # torch | triton | flashinfer
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int = 256
+    cudagraph_capture_sizes: list[int] | None = None
+    chat_template: str | None = None  # a file or an inline jinja template
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def check(ok: bool, name: str, message: str) -> None:
+            if not ok:
+                raise ValueError(f"{name}: {message} (got {getattr(self, name)!r})")
+
+        check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
+        check(
+            self.load_format in LOAD_FORMATS,
+            "load_format",
+            f"must be one of {', '.join(LOAD_FORMATS)}",
+        )
+        check(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
+        check(
+            self.attention_backend in ATTENTION_BACKENDS,
+            "attention_backend",
+            f"must be one of {', '.join(ATTENTION_BACKENDS)}",
+        )
+        check(self.tp >= 1, "tp", "must be >= 1")
+        check(self.dp >= 1, "dp", "must be >= 1")
+        check(
+            self.page_size >= 1 and self.page_size & (self.page_size - 1) == 0,
+            "page_size",
+            "must be a power of two",
+        )
+        check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
+        check(self.chunked_prefill_size >= 1, "chunked_prefill_size", "must be >= 1")
+        check(self.in_flight_depth in (0, 1), "in_flight_depth", "must be 0 or 1")
+        if self.max_model_len is not None:
+            check(self.max_model_len >= 2, "max_model_len", "must be >= 2")
+        if self.num_kv_blocks is not None:
+            check(self.num_kv_blocks >= 2, "num_kv_blocks", "must be >= 2 (one is the null block)")
+        check(self.kv_cache_memory_gb > 0, "kv_cache_memory_gb", "must be > 0")
+        check(
+            0.05 <= self.gpu_memory_utilization <= 0.99,
+            "gpu_memory_utilization",
+            "must be between 0.05 and 0.99",
+        )
+        check(self.max_cudagraph_capture_size >= 1, "max_cudagraph_capture_size", "must be >= 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp
+
+    def replace(self, **changes) -> EngineArgs:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,137 @@
+"""EventLoop.round(): the schedule of one scheduling round, top to bottom.
+
+    1. receive + relay; admit in arrival order
+    2. head: client aborts -> scheduler.advance_head
+    3. plan: scheduler.next_execution_plan(); finish plan.aborts
+    4. dispatch one data_plane.execute(plan) when there is device work; commit from
+       the in-flight queue down to the effective depth (0 when nothing dispatched)
+    5. tail: scheduler.advance(events); publish KV events once; send outputs + load
+
+The loop coordinates; every subsystem enters as one call and returns what the
+round applies. The scheduler advances only here, at the head and the tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from tokenspeed_aio.control.data_plane import DataPlane, PendingExecution
+from tokenspeed_aio.control.ingress import Ingress
+from tokenspeed_aio.control.kv_events import KVEventPublisher
+from tokenspeed_aio.control.output import OutputProcessor
+from tokenspeed_aio.control.relay import Relay
+from tokenspeed_aio.control.round_stats import RoundStats
+from tokenspeed_aio.control.transport import LoadReporter
+from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardCommitted, RequestFinished
+from tokenspeed_aio.scheduler.scheduler import Scheduler, SubmissionRejected
+
+logger = logging.getLogger(__name__)
+
+Event = ForwardCommitted | RequestFinished
+
+
+class EventLoop:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        data_plane: DataPlane,
+        relay: Relay,
+        ingress: Ingress,
+        output: OutputProcessor,
+        in_flight_depth: int,
+        replica: int = 0,
+    ) -> None:
+        if in_flight_depth not in (0, 1):
+            raise ValueError(f"in_flight_depth must be 0 or 1, got {in_flight_depth}")
+        self.scheduler = scheduler
+        self.data_plane = data_plane
+        self.relay = relay
+        self.ingress = ingress
+        self.output = output
+        self.depth = in_flight_depth
+        self.kv_events = KVEventPublisher()
+        self.load_reporter = LoadReporter(replica)
+        self.stats = RoundStats()
+        self.in_flight: deque[tuple[ExecutionPlan, PendingExecution]] = deque()
+        self.stopping = False
+
+    def idle(self) -> bool:
+        return not self.in_flight and not self.scheduler.has_work()
+
+    async def run(self) -> None:
+        """Run rounds until a stop request or a closed frontend; then end every request."""
+        try:
+            while not self.stopping:
+                await self.round()
+        except ConnectionError as err:
+            logger.info("frontend gone (%s): stopping", err)
+            await self.drain(send=False)
+            return
+        await self.drain(send=True)
+
+    async def round(self) -> None:
+        # 1. receive + relay, admit
+        messages = await self.relay.receive(wait=self.idle())
+        self.stats.begin()
+        adm = self.ingress.admit(messages, owned=self.output.owns, held=self.scheduler.holds)
+        self.output.send(adm.refusals)
+        if adm.requests:
+            try:
+                self.scheduler.submit(adm.requests)
+            except SubmissionRejected as err:
+                self.output.reject(adm.requests, 400, str(err))
+            else:
+                self.output.register(adm.requests)
+        # 2. head
+        self.scheduler.advance_head(self.output.abort(adm.aborted))
+        # 3. plan
+        plan = self.scheduler.next_execution_plan()
+        self.output.finish_planned_aborts(plan.aborts)
+        # 4. dispatch, commit
+        events: list[Event] = []
+        if plan.needs_device():
+            self.in_flight.append((plan, self.data_plane.execute(plan)))
+        depth = self.depth if plan.needs_device() else 0
+        while len(self.in_flight) > depth:
+            events += await self._commit_oldest()
+        # 5. tail
+        self.scheduler.advance(events)
+        self.kv_events.publish(self.scheduler.drain_kv_events())
+        self._send_outputs()
+        self.stopping = self.stopping or adm.stop
+        self.stats.end(len(self.scheduler.running), plan.num_tokens)
+
+    async def _commit_oldest(self) -> list[Event]:
+        plan, pending = self.in_flight.popleft()
+        start = time.perf_counter()
+        result = await pending.result()
+        self.stats.waited(time.perf_counter() - start)
+        return self.output.commit(plan, result)
+
+    def _send_outputs(self) -> None:
+        batch = self.load_reporter.batch(self.output.take(), self.scheduler.load())
+        if batch is not None:
+            self.relay.send(batch)
+
+    async def drain(self, *, send: bool) -> None:
+        """Stop: commit what is in flight, end every request with an abort, release."""
+        events: list[Event] = []
+        while self.in_flight:
+            events += await self._commit_oldest()
+        self.scheduler.advance(events)
+        self.scheduler.advance_head(self.output.abort_all())
+        self.kv_events.publish(self.scheduler.drain_kv_events())
+        if send:
+            self._send_outputs()
+        else:
+            self.output.take()
+
+    def check_idle(self) -> None:
+        """Leak check: no request state in the control plane or the scheduler."""
+        if self.in_flight:
+            raise AssertionError(f"{len(self.in_flight)} forwards still in flight")
+        self.output.check_idle()
+        self.scheduler.check_idle()

@@ -1,0 +1,118 @@
+"""Admission: the round's received messages become scheduler requests, aborts and
+refusals, following the design's request-identity rules.
+
+* A rid repeated within one round, or still owned by the output processor, is
+  discarded with a warning: answering it would end the original's stream, since
+  the wire identifies a stream by rid alone. The original is untouched.
+* A rid the scheduler still holds after its output completed (its last forwards
+  are draining) is refused with 409 before any data-plane admission.
+* Anything invalid about the request itself is refused with 400.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tokenspeed_aio.control.output import refusal
+from tokenspeed_aio.scheduler.request import Request
+from tokenspeed_aio.wire.messages import (
+    AbortRequest,
+    GenerateRequest,
+    InboundMessage,
+    StopEngine,
+    TokenOutput,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Admission:
+    requests: list[Request] = field(default_factory=list)  # to submit, arrival order
+    aborted: list[str] = field(default_factory=list)  # owned rids the clients aborted
+    refusals: list[TokenOutput] = field(default_factory=list)  # final outputs to send
+    stop: bool = False
+
+
+class Ingress:
+    def __init__(self, *, vocab_size: int, max_model_len: int) -> None:
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self._arrivals = 0
+
+    def admit(
+        self,
+        messages: Sequence[InboundMessage],
+        *,
+        owned: Callable[[str], bool],
+        held: Callable[[str], bool],
+    ) -> Admission:
+        adm = Admission()
+        batch: dict[str, Request] = {}
+        for msg in messages:
+            if isinstance(msg, GenerateRequest):
+                self._admit_one(msg, adm, batch, owned, held)
+            elif isinstance(msg, AbortRequest):
+                if msg.rid in batch:  # aborted in the round it arrived: never submitted
+                    del batch[msg.rid]
+                    adm.refusals.append(refusal(msg.rid, 0, None, reason="abort"))
+                elif owned(msg.rid):
+                    adm.aborted.append(msg.rid)
+            elif isinstance(msg, StopEngine):
+                adm.stop = True
+        adm.requests = list(batch.values())
+        return adm
+
+    def _admit_one(
+        self,
+        msg: GenerateRequest,
+        adm: Admission,
+        batch: dict[str, Request],
+        owned: Callable[[str], bool],
+        held: Callable[[str], bool],
+    ) -> None:
+        rid = msg.rid
+        if rid in batch or owned(rid):
+            logger.warning("discarding a duplicate submission of request %r", rid)
+            return
+        if held(rid):
+            adm.refusals.append(
+                refusal(rid, 409, f"request id {rid!r} is still held by the engine; use a new id")
+            )
+            return
+        problem = self._validate(msg)
+        if problem:
+            adm.refusals.append(refusal(rid, 400, problem))
+            return
+        prompt_len = len(msg.prompt_token_ids)
+        room = self.max_model_len - prompt_len
+        max_tokens = msg.params.max_tokens
+        req = Request(
+            rid,
+            msg.prompt_token_ids,
+            msg.params,
+            seed=msg.seed,
+            max_output=room if max_tokens is None else min(max_tokens, room),
+            arrival=self._arrivals,
+        )
+        self._arrivals += 1
+        batch[rid] = req
+
+    def _validate(self, msg: GenerateRequest) -> str | None:
+        ids = msg.prompt_token_ids
+        if not ids:
+            return "prompt: the prompt is empty"
+        if len(ids) >= self.max_model_len:
+            return (
+                f"prompt: {len(ids)} tokens leave no room to generate within the context "
+                f"length of {self.max_model_len}"
+            )
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            return f"prompt: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+        bad = next((t for t in msg.params.stop_token_ids if t >= self.vocab_size), None)
+        if bad is not None:
+            return f"stop_token_ids: {bad} is outside the vocabulary [0, {self.vocab_size})"
+        return None

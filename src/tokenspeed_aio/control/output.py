@@ -1,0 +1,174 @@
+"""Committing forwards: request output state, stop conditions, the scheduler's events
+and the frontend's outputs.
+
+The output processor owns a request from admission until its final output; it
+decides when a request ends (stop token, EOS, max_tokens, context length, abort)
+and tells the scheduler through events the round applies at its tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from tokenspeed_aio.scheduler.plan import (
+    ExecutionPlan,
+    ForwardCommitted,
+    ForwardResult,
+    PlannedAbort,
+    RequestFinished,
+    TokenLogprobs,
+)
+from tokenspeed_aio.scheduler.request import Request
+from tokenspeed_aio.wire.messages import TokenOutput
+
+
+def refusal(rid: str, status: int, message: str | None, reason: str = "error") -> TokenOutput:
+    """The final output of a request that never ran."""
+    return TokenOutput(
+        rid=rid,
+        token_ids=[],
+        finished=True,
+        finish_reason=reason,
+        error_status=status,
+        error_message=message,
+    )
+
+
+class OutputState:
+    __slots__ = ("num_output", "prompt_logprobs", "req", "sent_first", "stop_ids")
+
+    def __init__(self, req: Request, eos_token_ids: frozenset[int]) -> None:
+        self.req = req  # read-only here: prompt length, params, cached tokens
+        self.num_output = 0
+        self.sent_first = False
+        params = req.params
+        self.stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else eos_token_ids
+        )
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            [None] if params.prompt_logprobs is not None else None  # the first token has none
+        )
+
+
+class OutputProcessor:
+    def __init__(self, *, eos_token_ids: Iterable[int]) -> None:
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._states: dict[str, OutputState] = {}
+        self._pending: dict[str, TokenOutput] = {}  # this round's outputs, one per request
+
+    def owns(self, rid: str) -> bool:
+        return rid in self._states
+
+    def register(self, requests: Sequence[Request]) -> None:
+        for req in requests:
+            self._states[req.rid] = OutputState(req, self.eos_token_ids)
+
+    def send(self, outputs: Iterable[TokenOutput]) -> None:
+        """Queue final outputs decided elsewhere (refusals of requests never owned)."""
+        for out in outputs:
+            self._pending[out.rid] = out
+
+    def reject(self, requests: Sequence[Request], status: int, message: str) -> None:
+        """A refused submission batch: every request in it fails with the same error."""
+        self.send(refusal(req.rid, status, message) for req in requests)
+
+    def abort(self, rids: Iterable[str]) -> list[str]:
+        """Client aborts: end the streams now; returns the rids the scheduler must drop."""
+        aborted = []
+        for rid in rids:
+            if rid in self._states:
+                self._end(rid, "abort")
+                aborted.append(rid)
+        return aborted
+
+    def finish_planned_aborts(self, aborts: Sequence[PlannedAbort]) -> None:
+        """Requests the plan build gave up on; the scheduler already released them."""
+        for abort in aborts:
+            if abort.rid in self._states:
+                self._end(abort.rid, "abort", status=503, message=abort.message)
+
+    def commit(
+        self, plan: ExecutionPlan, result: ForwardResult
+    ) -> list[ForwardCommitted | RequestFinished]:
+        accepted: dict[str, int] = {}
+        finished: list[RequestFinished] = []
+        logprobs = result.logprobs
+        prompt_lps = result.prompt_logprobs
+        i = 0
+        for row in plan.rows:
+            state = self._states.get(row.rid)
+            if state is not None and prompt_lps and row.rid in prompt_lps:
+                state.prompt_logprobs.extend(prompt_lps[row.rid])
+            if not row.sample:
+                continue
+            token = result.tokens[i]
+            lp = logprobs[i] if logprobs is not None else None
+            i += 1
+            if state is None:
+                continue  # ended while this forward was in flight: drop its token
+            accepted[row.rid] = token
+            reason, stop_reason = self._append(state, token, lp)
+            if reason is not None:
+                self._end(row.rid, reason, stop_reason=stop_reason)
+                finished.append(RequestFinished(row.rid))
+        return [ForwardCommitted(plan.plan_id, accepted), *finished]
+
+    def _append(
+        self, state: OutputState, token: int, lp: TokenLogprobs | None
+    ) -> tuple[str | None, int | None]:
+        out = self._output(state)
+        out.token_ids.append(token)
+        if lp is not None and state.req.params.logprobs is not None:
+            if out.logprobs is None:
+                out.logprobs = []
+            out.logprobs.append(lp)
+        state.num_output += 1
+        req = state.req
+        if token in state.stop_ids and state.num_output >= req.params.min_tokens:
+            return "stop", token
+        if state.num_output >= req.max_output:
+            return "length", None
+        return None, None
+
+    def _output(self, state: OutputState) -> TokenOutput:
+        rid = state.req.rid
+        out = self._pending.get(rid)
+        if out is None:
+            out = self._pending[rid] = TokenOutput(rid=rid, token_ids=[])
+            if not state.sent_first:
+                state.sent_first = True
+                out.num_prompt_tokens = state.req.prompt_len
+                out.num_cached_tokens = state.req.num_cached_tokens
+                out.prompt_logprobs = state.prompt_logprobs
+        return out
+
+    def _end(
+        self,
+        rid: str,
+        reason: str,
+        *,
+        stop_reason: int | None = None,
+        status: int = 0,
+        message: str | None = None,
+    ) -> None:
+        out = self._output(self._states.pop(rid))
+        out.finished = True
+        out.finish_reason = reason
+        out.stop_reason = stop_reason
+        out.error_status = status
+        out.error_message = message
+
+    def take(self) -> list[TokenOutput]:
+        outputs = list(self._pending.values())
+        self._pending.clear()
+        return outputs
+
+    def abort_all(self) -> list[str]:
+        return self.abort(list(self._states))
+
+    def check_idle(self) -> None:
+        if self._states or self._pending:
+            raise AssertionError(
+                f"output processor still owns {list(self._states)[:8]}, "
+                f"pending outputs {list(self._pending)[:8]}"
+            )

@@ -1,0 +1,87 @@
+"""The frontend wire as the loop sees it, and the load-report policy.
+
+``Transport`` is implemented in-process (``LocalTransport``, AsyncEngine with one
+rank) and over ZMQ (wire/zmq_transport.py). Both carry the same msgspec messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Protocol
+
+from tokenspeed_aio.scheduler.plan import LoadReport
+from tokenspeed_aio.wire.messages import InboundMessage, Load, OutputBatch, TokenOutput
+
+HEARTBEAT_SECONDS = 1.0
+
+
+class Transport(Protocol):
+    async def receive(self, timeout: float | None) -> list[InboundMessage]:
+        """Every message that arrived; with a timeout, wait up to it for the first.
+        Returns None-free lists; raises ConnectionError once the frontend is gone."""
+        ...
+
+    def send(self, batch: OutputBatch) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class LoadReporter:
+    """Sends the load with every output batch; a changed load even without outputs
+    (a cancelled request ends without a token); an unchanged idle load at most once
+    a second, as a heartbeat the frontend tells a live engine from a stale one by."""
+
+    def __init__(self, replica: int = 0) -> None:
+        self.replica = replica
+        self._last: Load | None = None
+        self._last_sent = 0.0
+
+    def batch(self, outputs: list[TokenOutput], report: LoadReport) -> OutputBatch | None:
+        load = Load(
+            report.running,
+            report.waiting,
+            report.resident_blocks,
+            report.active_blocks,
+            report.total_blocks,
+        )
+        now = time.monotonic()
+        if not outputs and load == self._last and now - self._last_sent < HEARTBEAT_SECONDS:
+            return None
+        self._last = load
+        self._last_sent = now
+        return OutputBatch(outputs, load, self.replica)
+
+
+class LocalTransport:
+    """In-process wire: the frontend puts messages, the loop drains them each round;
+    outputs go to a queue the frontend's single output task consumes."""
+
+    def __init__(self) -> None:
+        self._inbox: list[InboundMessage] = []
+        self._arrived = asyncio.Event()
+        self.outputs: asyncio.Queue[OutputBatch] = asyncio.Queue()
+        self._closed = False
+
+    def put(self, msg: InboundMessage) -> None:
+        self._inbox.append(msg)
+        self._arrived.set()
+
+    async def receive(self, timeout: float | None) -> list[InboundMessage]:
+        if not self._inbox and timeout:
+            # A timeout is an idle round: the caller sends its heartbeat.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout)
+        if self._closed and not self._inbox:
+            raise ConnectionError("the frontend closed the in-process transport")
+        msgs, self._inbox = self._inbox, []
+        self._arrived.clear()
+        return msgs
+
+    def send(self, batch: OutputBatch) -> None:
+        self.outputs.put_nowait(batch)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._arrived.set()

@@ -1,0 +1,171 @@
+"""build_device_side: everything that touches the device, built as one unit.
+
+It constructs the model, the KV pool, the attention backend and the runner as its
+own locals and returns a DeviceBuild: plain DeviceSpecs the control plane plans
+with, and the DeviceHandle -- the complete list of what the control plane may ask
+of the device side, as named operations. The control plane never holds a model,
+a pool or a backend, so it cannot pass one along or change one a forward uses.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.data_plane.host_sync import allow_host_sync, arm_sync_debug
+from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
+from tokenspeed_aio.model.attention.registry import create_backend
+from tokenspeed_aio.model.config import ModelConfig
+from tokenspeed_aio.model.kv_cache import (
+    allocate_kv_cache,
+    kv_cache_bytes_per_block,
+    local_num_kv_heads,
+)
+from tokenspeed_aio.model.loader import load_model, resolve_dtype
+from tokenspeed_aio.model.parallel import init_tensor_parallel
+from tokenspeed_aio.model.runner import LaunchedForward, ModelRunner
+from tokenspeed_aio.scheduler.plan import ExecutionPlan
+
+logger = logging.getLogger(__name__)
+
+
+class DeviceHandle:
+    """What the running loop may ask of the device: named operations, nothing else."""
+
+    def __init__(self, runner: ModelRunner, device: torch.device) -> None:
+        self._runner = runner
+        self._device = device
+
+    def enter_serving(self) -> None:
+        arm_sync_debug(self._device)
+
+    def execute(self, plan: ExecutionPlan) -> LaunchedForward:
+        return self._runner.execute(plan)
+
+    def shutdown(self) -> None:
+        self._runner = None
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        if self._device.type == "cuda":
+            with allow_host_sync():
+                torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class DeviceBuild:
+    specs: DeviceSpecs
+    handle: DeviceHandle
+
+
+def resolve_device(name: str, local_index: int) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device: cuda was requested but no CUDA device is available")
+        return torch.device("cuda", local_index)
+    return torch.device("cpu")
+
+
+def _init_tensor_parallel(rank: RankInfo, device: torch.device) -> None:
+    if rank.tp_size > 1:
+        torch.distributed.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=rank.dist_init_method,
+            rank=rank.tp_rank,
+            world_size=rank.tp_size,
+        )
+    init_tensor_parallel(rank.tp_rank, rank.tp_size)
+
+
+def _num_blocks(
+    args: EngineArgs, device: torch.device, per_block: int, max_model_len: int, page: int
+) -> int:
+    """KV pool size: fixed by --num-kv-blocks, else what the memory budget holds, but
+    never more than every slot at full context needs."""
+    if args.num_kv_blocks is not None:
+        return args.num_kv_blocks
+    useful = args.max_num_seqs * -(-max_model_len // page) + 1
+    if device.type == "cuda":
+        with allow_host_sync():
+            torch.cuda.synchronize(device)
+            free, total = torch.cuda.mem_get_info(device)
+        budget = free - (1 - args.gpu_memory_utilization) * total
+    else:
+        budget = args.kv_cache_memory_gb * 2**30
+    blocks = int(budget // per_block)
+    if blocks < 2:
+        raise ValueError(
+            f"no memory left for the KV cache ({budget / 2**30:.2f} GiB budget, "
+            f"{per_block} bytes per block): raise gpu_memory_utilization/kv_cache_memory_gb"
+        )
+    return min(blocks, useful)
+
+
+def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
+    config = ModelConfig.from_pretrained(args.model)
+    device = resolve_device(args.device, rank.local_device_index)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = resolve_dtype(args.dtype, config)
+    max_model_len = args.max_model_len or config.max_position_embeddings
+    if max_model_len > config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings "
+            f"({config.max_position_embeddings})"
+        )
+    if config.sliding_window is not None and max_model_len > config.sliding_window:
+        raise ValueError(
+            f"max_model_len: {max_model_len} exceeds the model's sliding window "
+            f"({config.sliding_window}); sliding-window attention is not supported"
+        )
+    _init_tensor_parallel(rank, device)
+    model = load_model(
+        config, args.model, dtype=dtype, device=device, load_format=args.load_format, seed=args.seed
+    )
+    kv_heads = local_num_kv_heads(config.num_key_value_heads, rank.tp_size)
+    page = args.page_size
+    per_block = kv_cache_bytes_per_block(
+        config.num_hidden_layers, page, kv_heads, config.head_dim, dtype
+    )
+    num_blocks = _num_blocks(args, device, per_block, max_model_len, page)
+    if rank.tp_size > 1:  # every rank of the replica must plan with the same pool
+        agreed = torch.tensor([num_blocks], dtype=torch.int64, device=device)
+        with allow_host_sync():
+            torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+            num_blocks = int(agreed.item())
+    k_caches, v_caches = allocate_kv_cache(
+        config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype, device
+    )
+    backend_name = args.attention_backend
+    if backend_name == "auto":
+        backend_name = "torch" if device.type == "cpu" else "triton"
+    backend = create_backend(backend_name)
+    runner = ModelRunner(
+        model=model,
+        vocab_size=config.vocab_size,
+        k_caches=k_caches,
+        v_caches=v_caches,
+        backend=backend,
+        page_size=page,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=max_model_len,
+        eos_token_ids=config.eos_token_ids,
+        device=device,
+    )
+    specs = DeviceSpecs(
+        num_blocks=num_blocks,
+        page_size=page,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=max_model_len,
+        vocab_size=config.vocab_size,
+        eos_token_ids=config.eos_token_ids,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        attention_backend=backend_name,
+        kv_bytes_per_block=per_block,
+    )
+    return DeviceBuild(specs=specs, handle=DeviceHandle(runner, device))

@@ -1,0 +1,153 @@
+"""The data plane: one forward thread per rank, the only code that touches the device.
+
+Operations are queued FIFO (``queue.SimpleQueue``) and run one at a time. Submitting
+a forward returns a PendingExecution at once; the forward thread resolves its
+``launched`` future once the kernels are enqueued, and its ``landed`` future is
+resolved with the plain-Python result once the result copies arrived: by the
+landing thread after waiting on the forward's CUDA event (which releases the GIL),
+or on CPU by the forward thread itself. Futures are resolved on the control
+plane's loop through ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Any, Protocol
+
+from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.control.data_plane import PendingExecution
+from tokenspeed_aio.data_plane.gc_hooks import GcHooks
+from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
+from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
+
+logger = logging.getLogger(__name__)
+
+
+class LaunchedForward(Protocol):
+    event: Any  # torch.cuda.Event recorded after the result copies, or None on CPU
+
+    def collect(self) -> ForwardResult:
+        """Read the landed host copies into plain Python (after ``event`` completed)."""
+        ...
+
+
+class Handle(Protocol):
+    def enter_serving(self) -> None: ...
+
+    def execute(self, plan: ExecutionPlan) -> LaunchedForward: ...
+
+    def shutdown(self) -> None: ...
+
+
+def _resolve(fut: asyncio.Future, value: Any = None, error: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+
+
+class _Stop:
+    """Queue sentinel: the thread exits after running everything queued before it."""
+
+
+class HostDataPlane:
+    """Implements control.data_plane.DataPlane over a forward thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, name: str = "ts-forward") -> None:
+        self._loop = loop
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._landing: queue.SimpleQueue = queue.SimpleQueue()
+        self._handle: Handle | None = None
+        self.gc_hooks = GcHooks()
+        self._thread = threading.Thread(target=self._forward_main, name=name, daemon=True)
+        self._landing_thread = threading.Thread(
+            target=self._landing_main, name=f"{name}-landing", daemon=True
+        )
+        self._thread.start()
+        self._landing_thread.start()
+
+    # -- control-plane side ---------------------------------------------------
+    async def build(self, args: EngineArgs, rank: RankInfo) -> DeviceSpecs:
+        """Build the device side on the forward thread (every device object is created
+        and owned there); only the plain DeviceSpecs come back."""
+        fut = self._loop.create_future()
+        self._ops.put((self._build, (args, rank), fut))
+        return await fut
+
+    async def enter_serving(self) -> None:
+        """Startup is over: from here the data plane's per-round path may not sync with
+        the device or compile kernels (both are reported, or raised)."""
+        fut = self._loop.create_future()
+        self._ops.put((self._enter_serving, None, fut))
+        await fut
+
+    def execute(self, plan: ExecutionPlan) -> PendingExecution:
+        pending = PendingExecution(plan.plan_id, self._loop)
+        self._ops.put((self._execute, plan, pending))
+        return pending
+
+    async def shutdown(self) -> None:
+        fut = self._loop.create_future()
+        self._ops.put((self._stop, None, fut))
+        await fut
+        self._landing.put(None)
+        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._landing_thread.join)
+
+    # -- forward thread -----------------------------------------------------------
+    def _forward_main(self) -> None:
+        while True:
+            op, arg, fut = self._ops.get()
+            try:
+                if op(arg, fut) is _Stop:
+                    return
+            except BaseException as err:  # a failed op fails its caller, not the thread
+                logger.exception("data-plane operation %s failed", op.__name__)
+                futures = (fut.launched, fut.landed) if isinstance(fut, PendingExecution) else (fut,)
+                for f in futures:
+                    self._loop.call_soon_threadsafe(_resolve, f, None, err)
+
+    def _build(self, args: tuple[EngineArgs, RankInfo], fut: asyncio.Future) -> None:
+        from tokenspeed_aio.data_plane.device import build_device_side
+
+        device_build = build_device_side(*args)
+        self._handle = device_build.handle
+        self._loop.call_soon_threadsafe(_resolve, fut, device_build.specs)
+
+    def _enter_serving(self, _: None, fut: asyncio.Future) -> None:
+        self._handle.enter_serving()
+        self._loop.call_soon_threadsafe(_resolve, fut)
+
+    def _execute(self, plan: ExecutionPlan, pending: PendingExecution) -> None:
+        launched = self._handle.execute(plan)
+        self._loop.call_soon_threadsafe(_resolve, pending.launched)
+        self.gc_hooks.forwarded()
+        if launched.event is None:
+            self._loop.call_soon_threadsafe(_resolve, pending.landed, launched.collect())
+        else:
+            self._landing.put((launched, pending))
+
+    def _stop(self, _: None, fut: asyncio.Future) -> type[_Stop]:
+        if self._handle is not None:
+            self._handle.shutdown()
+            self._handle = None
+        self._loop.call_soon_threadsafe(_resolve, fut)
+        return _Stop
+
+    # -- landing thread -------------------------------------------------------------
+    def _landing_main(self) -> None:
+        while (item := self._landing.get()) is not None:
+            launched, pending = item
+            try:
+                launched.event.synchronize()  # releases the GIL while it waits
+                result = launched.collect()
+            except BaseException as err:
+                logger.exception("landing of forward %d failed", pending.plan_id)
+                self._loop.call_soon_threadsafe(_resolve, pending.landed, None, err)
+            else:
+                self._loop.call_soon_threadsafe(_resolve, pending.landed, result)

@@ -1,0 +1,35 @@
+"""DeviceSpecs: the plain values the control plane plans with. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceSpecs:
+    num_blocks: int  # KV pool size, including the null block
+    page_size: int
+    max_num_seqs: int  # request-pool slots
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    device: str  # "cpu" | "cuda:N"
+    dtype: str
+    attention_backend: str
+    kv_bytes_per_block: int
+
+    @property
+    def max_concurrent_tokens(self) -> int:
+        return (self.num_blocks - 1) * self.page_size
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this rank sits: its tensor-parallel position and the torch.distributed
+    rendezvous its forward thread joins (tp > 1 only)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    dp_rank: int = 0
+    dist_init_method: str | None = None  # e.g. tcp://127.0.0.1:PORT for the TP group
+    local_device_index: int = 0

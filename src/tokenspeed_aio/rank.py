@@ -1,0 +1,86 @@
+"""One engine rank assembled: data plane (forward thread), scheduler, event loop.
+
+Used in-process by AsyncEngine with one rank, and by every rank process the
+launcher starts (with a ZMQ transport on the replica's first member).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.control.event_loop import EventLoop
+from tokenspeed_aio.control.ingress import Ingress
+from tokenspeed_aio.control.output import OutputProcessor
+from tokenspeed_aio.control.relay import Relay, ReplicaGroup
+from tokenspeed_aio.control.transport import Transport
+from tokenspeed_aio.data_plane.gc_hooks import freeze_startup_heap
+from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
+from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class EngineRank:
+    def __init__(self, loop: EventLoop, data_plane, specs: DeviceSpecs) -> None:
+        self.loop = loop
+        self.data_plane = data_plane
+        self.specs = specs
+
+    @classmethod
+    async def start(
+        cls,
+        args: EngineArgs,
+        transport: Transport | None,
+        rank: RankInfo | None = None,
+        group: ReplicaGroup | None = None,
+    ) -> EngineRank:
+        from tokenspeed_aio.data_plane.forward_thread import HostDataPlane
+
+        rank = rank or RankInfo()
+        data_plane = HostDataPlane(asyncio.get_running_loop())
+        try:
+            specs = await data_plane.build(args, rank)
+        except BaseException:
+            await data_plane.shutdown()
+            raise
+        scheduler = Scheduler(
+            SchedulerConfig(
+                num_blocks=specs.num_blocks,
+                page_size=specs.page_size,
+                max_num_seqs=specs.max_num_seqs,
+                max_num_batched_tokens=args.chunked_prefill_size,
+                max_model_len=specs.max_model_len,
+                enable_prefix_caching=args.enable_prefix_caching,
+            )
+        )
+        loop = EventLoop(
+            scheduler=scheduler,
+            data_plane=data_plane,
+            relay=Relay(transport, group),
+            ingress=Ingress(vocab_size=specs.vocab_size, max_model_len=specs.max_model_len),
+            output=OutputProcessor(eos_token_ids=specs.eos_token_ids),
+            in_flight_depth=args.in_flight_depth,
+            replica=rank.dp_rank,
+        )
+        logger.info(
+            "rank ready: %d KV blocks of %d tokens (%d concurrent tokens), %s %s, attention %s",
+            specs.num_blocks - 1,
+            specs.page_size,
+            specs.max_concurrent_tokens,
+            specs.device,
+            specs.dtype,
+            specs.attention_backend,
+        )
+        return cls(loop, data_plane, specs)
+
+    async def serve(self) -> None:
+        """Enter serving (sync-debug armed, startup heap frozen), run rounds until a
+        stop, then shut the data plane down."""
+        try:
+            await self.data_plane.enter_serving()
+            freeze_startup_heap()
+            await self.loop.run()
+        finally:
+            await self.data_plane.shutdown()

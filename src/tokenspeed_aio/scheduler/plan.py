@@ -1,0 +1,124 @@
+"""What the scheduler hands the data plane each round, and what comes back.
+
+Every field says why it exists. A plan is frozen once dispatched (the capture
+contract): lists in it are the scheduler's copies, never its live state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tokenspeed_aio.api.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class NewSlotOwner:
+    """Sent on the first forward after a request took a slot (admission or re-admission)
+    so the data plane can reset the slot's per-request state (sampling settings,
+    penalty counts, block table)."""
+
+    params: SamplingParams
+    seed: int  # resolved seed: the request's own or one drawn at admission
+    prompt_token_ids: list[int]  # repetition penalty reads prompt presence
+    output_token_ids: list[int]  # committed outputs (non-empty after a retraction)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRow:
+    """One request's share of a forward: ``num_tokens`` positions from ``start``."""
+
+    rid: str
+    slot: int  # request-pool slot: keys device state (future token, penalties, block table)
+    start: int  # first position computed = KV length before this forward
+    num_tokens: int  # query length (1 for a decode)
+    # Input tokens when the host knows them (prefill chunks). None for a decode: its one
+    # input is the token the slot's previous forward sampled, read on the device
+    # (future tokens), so dispatch never waits for that forward's commit.
+    token_ids: list[int] | None
+    new_block_ids: list[int]  # blocks appended to the slot's block table by this round
+    block_offset: int  # index in the slot's block table of new_block_ids[0]
+    sample: bool  # the row reaches the end of known tokens, so it samples the next one
+    output_index: int  # outputs before the sampled one: seeded noise and min_tokens key on it
+    new_owner: NewSlotOwner | None
+    # Prompt logprobs: the prompt tokens each position of this chunk predicts (may be
+    # one shorter than num_tokens on the chunk that ends the prompt), and top-N.
+    prompt_logprob_targets: list[int] | None = None
+    prompt_logprobs: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedAbort:
+    """A request the plan build gave up on (it cannot fit the KV pool even alone)."""
+
+    rid: str
+    message: str
+
+
+@dataclass(slots=True)
+class ExecutionPlan:
+    plan_id: int
+    rows: list[ScheduledRow] = field(default_factory=list)  # decodes first, then prefills
+    aborts: list[PlannedAbort] = field(default_factory=list)
+    num_retracted: int = 0  # requests retracted to free blocks this round (preemptions)
+
+    def needs_device(self) -> bool:
+        return bool(self.rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
+
+    @property
+    def sample_rows(self) -> list[ScheduledRow]:
+        return [r for r in self.rows if r.sample]
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """Logprob of a chosen token and the top-N alternatives (raw model distribution).
+    A msgspec Struct: it rides the output wire unchanged."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class ForwardResult:
+    """Plain-Python results of one forward, built from the landed host copies."""
+
+    plan_id: int
+    tokens: list[int]  # one per sampling row, in row order
+    logprobs: list[TokenLogprobs] | None  # aligned with tokens, when any row asked
+    # rid -> one entry per target of that row's prompt_logprob_targets
+    prompt_logprobs: dict[str, list[TokenLogprobs]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardCommitted:
+    """Tail event: a dispatched forward's results were committed by the output module."""
+
+    plan_id: int
+    accepted: dict[str, int]  # rid -> token appended (finished requests' extra tokens dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    """Tail event: the output module ended this request (stop, length, abort)."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """Scheduler load, sent with every output batch and as the idle heartbeat."""
+
+    running: int
+    waiting: int
+    resident_blocks: int
+    active_blocks: int
+    total_blocks: int

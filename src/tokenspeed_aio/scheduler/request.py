@@ -1,0 +1,92 @@
+"""The scheduler's view of one request: counters, not phases.
+
+``num_computed`` catches up with ``num_tokens``; chunked prefill, prefix hits, decode
+and retraction are all that one rule. ``num_pending`` counts tokens already being
+sampled by dispatched forwards but not committed yet (at in-flight depth >= 1 the
+next round is planned before they land).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from tokenspeed_aio.api.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # submitted or retracted: holds no blocks, no slot
+    RUNNING = "running"  # resident: holds blocks and a slot
+    FINISHED = "finished"  # ended; held only while dispatched forwards still read it
+
+
+class Request:
+    __slots__ = (
+        "arrival",
+        "block_hashes",
+        "block_ids",
+        "max_output",
+        "num_blocks_sent",
+        "num_cached_blocks",
+        "num_cached_tokens",
+        "num_computed",
+        "num_inflight",
+        "num_pending",
+        "params",
+        "prompt_len",
+        "rid",
+        "sampled_on_slot",
+        "seed",
+        "slot",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        rid: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        seed: int,
+        max_output: int,
+        arrival: int,
+    ) -> None:
+        self.rid = rid
+        self.token_ids = list(prompt_token_ids)  # prompt + committed outputs
+        self.prompt_len = len(prompt_token_ids)
+        self.params = params
+        self.seed = seed
+        self.max_output = max_output  # max_tokens capped by the context length
+        self.arrival = arrival
+        self.status = Status.WAITING
+        self.num_computed = 0
+        self.num_pending = 0
+        self.num_inflight = 0  # dispatched, uncommitted forwards that include this request
+        self.block_ids: list[int] = []
+        self.num_blocks_sent = 0  # prefix of block_ids the slot's device table already has
+        # (hash, parent hash, tokens) of each full block of known tokens, computed lazily.
+        self.block_hashes: list[tuple[int, int | None, tuple[int, ...]]] = []
+        self.num_cached_blocks = 0  # prefix of block_ids published in the prefix cache
+        self.num_cached_tokens = 0  # prefix-cache hit at first admission (reported)
+        self.slot = -1
+        self.sampled_on_slot = False  # the slot's device state holds this request's last token
+
+    @property
+    def num_tokens(self) -> int:
+        """Known plus pending tokens: the sequence as the next forward sees it."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
+    def num_output(self) -> int:
+        """Outputs committed or being sampled."""
+        return self.num_tokens - self.prompt_len
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs is not None
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.rid!r}, {self.status.value}, computed={self.num_computed}/"
+            f"{self.num_tokens}, pending={self.num_pending}, blocks={len(self.block_ids)})"
+        )

@@ -1,0 +1,337 @@
+"""The scheduler: admission, chunked prefill, continuous batching, retraction.
+
+Pure Python (no torch). The event loop drives it at fixed points of each round:
+``submit`` (admission), ``advance_head`` (aborts), ``next_execution_plan`` (plan),
+``advance`` (the tail: committed forwards and finished requests), and
+``drain_kv_events`` once after the round's last mutation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tokenspeed_aio.scheduler.block_pool import BlockPool, chain_hash
+from tokenspeed_aio.scheduler.kv_events import KVEvent
+from tokenspeed_aio.scheduler.plan import (
+    ExecutionPlan,
+    ForwardCommitted,
+    LoadReport,
+    NewSlotOwner,
+    PlannedAbort,
+    RequestFinished,
+    ScheduledRow,
+)
+from tokenspeed_aio.scheduler.request import Request, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    num_blocks: int  # including the null block
+    page_size: int
+    max_num_seqs: int  # running requests, = request-pool slots
+    max_num_batched_tokens: int  # per-round token budget (chunked_prefill_size)
+    max_model_len: int
+    enable_prefix_caching: bool = True
+
+
+class SubmissionRejected(ValueError):
+    """The whole submission batch was refused; nothing of it was inserted."""
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.pool = BlockPool(config.num_blocks, config.page_size, config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}  # every request held, finished ones included
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order
+        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self._inflight: dict[int, list[tuple[Request, bool]]] = {}  # plan id -> (request, sampled)
+        self._next_plan_id = 0
+        self._arrivals = 0
+        self.num_retractions = 0  # preemptions since start (a metric)
+
+    # -- admission ----------------------------------------------------------
+    def holds(self, rid: str) -> bool:
+        return rid in self.requests
+
+    def submit(self, batch: list[Request]) -> None:
+        """Insert a batch of new requests, or refuse all of them (SubmissionRejected)."""
+        seen = set()
+        for req in batch:
+            problem = self._validate(req, seen)
+            if problem:
+                raise SubmissionRejected(problem)
+            seen.add(req.rid)
+        for req in batch:
+            req.arrival = self._arrivals
+            self._arrivals += 1
+            self.requests[req.rid] = req
+            self.waiting.append(req)
+
+    def _validate(self, req: Request, seen: set[str]) -> str | None:
+        if req.rid in self.requests or req.rid in seen:
+            return f"request id {req.rid!r} is already in use"
+        if req.prompt_len == 0:
+            return "the prompt is empty"
+        if req.prompt_len >= self.config.max_model_len:
+            return (
+                f"the prompt has {req.prompt_len} tokens; the context length is "
+                f"{self.config.max_model_len} and at least one token must be generated"
+            )
+        need = self._blocks_for(req.prompt_len)
+        if need > self.pool.num_usable:
+            return (
+                f"the prompt needs {need} KV blocks but the cache has only "
+                f"{self.pool.num_usable}"
+            )
+        return None
+
+    # -- head ---------------------------------------------------------------
+    def advance_head(self, aborted: Iterable[str]) -> None:
+        """Apply what must be known before planning: requests the clients aborted."""
+        for rid in aborted:
+            req = self.requests.get(rid)
+            if req is not None and req.status is not Status.FINISHED:
+                self._finish(req)
+
+    # -- plan ---------------------------------------------------------------
+    def next_execution_plan(self) -> ExecutionPlan:
+        plan = ExecutionPlan(plan_id=self._next_plan_id)
+        self._next_plan_id += 1
+        budget = self.config.max_num_batched_tokens
+        decodes: list[ScheduledRow] = []
+        prefills: list[ScheduledRow] = []
+        idx = 0
+        while idx < len(self.running) and budget > 0:
+            req = self.running[idx]
+            n = min(req.num_tokens - req.num_computed, budget)
+            if n <= 0 or (
+                req.num_computed + n == req.num_tokens and req.num_output >= req.max_output
+            ):
+                idx += 1  # everything it needs is dispatched; its commit will finish it
+                continue
+            if not self._reserve(req, n, plan):
+                continue  # req itself was retracted or aborted and left self.running
+            row = self._schedule(req, n, new_owner=None)
+            (decodes if row.token_ids is None else prefills).append(row)
+            budget -= n
+            idx += 1
+        if not plan.num_retracted:
+            budget = self._admit(plan, prefills, budget)
+        plan.rows = decodes + prefills
+        if plan.rows:
+            self._inflight[plan.plan_id] = [
+                (self.requests[row.rid], row.sample) for row in plan.rows
+            ]
+        return plan
+
+    def _admit(self, plan: ExecutionPlan, rows: list[ScheduledRow], budget: int) -> int:
+        page = self.page_size
+        while self.waiting and budget > 0 and self._free_slots:
+            req = self.waiting[0]
+            if req.num_pending:
+                break  # retracted with tokens still in flight: re-admit once they land
+            hits: list[int] = []
+            if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
+                self._hash_full_blocks(req)
+                # At least the last token is recomputed: its logits sample the next one.
+                hits = self.pool.lookup(req.block_hashes[: (req.num_tokens - 1) // page])
+            computed = len(hits) * page
+            n = min(req.num_tokens - computed, budget)
+            need = self._blocks_for(computed + n) - len(hits)
+            if need > self.pool.num_free - self.pool.num_evictable_among(hits):
+                break
+            self.waiting.popleft()
+            self.pool.touch(hits)
+            req.block_ids = hits + self.pool.allocate(need)
+            req.num_computed = computed
+            req.num_cached_blocks = len(hits)
+            if not req.num_output:
+                req.num_cached_tokens = computed
+            req.slot = self._free_slots.pop()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            owner = NewSlotOwner(
+                params=req.params,
+                seed=req.seed,
+                prompt_token_ids=req.token_ids[: req.prompt_len],
+                output_token_ids=req.token_ids[req.prompt_len :],
+            )
+            rows.append(self._schedule(req, n, new_owner=owner))
+            budget -= n
+        return budget
+
+    def _reserve(self, req: Request, n: int, plan: ExecutionPlan) -> bool:
+        """Find blocks for n more tokens of a running request, retracting the newest
+        residents if needed. False when req itself had to leave the running set."""
+        need = self._blocks_for(req.num_computed + n) - len(req.block_ids)
+        while need > self.pool.num_free:
+            victim = self.running[-1]
+            if victim is req and len(self.running) == 1:
+                if self._blocks_for(req.num_computed + n) > self.pool.num_usable:
+                    self._finish(req)
+                    plan.aborts.append(
+                        PlannedAbort(
+                            req.rid,
+                            f"the request grew to {req.num_computed + n} tokens, more than "
+                            f"the KV cache holds ({self.pool.num_usable * self.page_size})",
+                        )
+                    )
+                    return False
+            self._retract(victim)
+            plan.num_retracted += 1
+            self.num_retractions += 1
+            if victim is req:
+                return False
+        if need > 0:
+            req.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def _schedule(self, req: Request, n: int, new_owner: NewSlotOwner | None) -> ScheduledRow:
+        start = req.num_computed
+        sample = start + n == req.num_tokens
+        # Once the slot sampled, every row is a decode whose single input is the token
+        # the slot sampled last: the device has it, the host may not yet (depth >= 1).
+        is_decode = req.sampled_on_slot
+        targets = None
+        if req.wants_prompt_logprobs and start < req.prompt_len:
+            targets = req.token_ids[start + 1 : min(start + n + 1, req.prompt_len)]
+        row = ScheduledRow(
+            rid=req.rid,
+            slot=req.slot,
+            start=start,
+            num_tokens=n,
+            token_ids=None if is_decode else req.token_ids[start : start + n],
+            new_block_ids=req.block_ids[req.num_blocks_sent :],
+            block_offset=req.num_blocks_sent,
+            sample=sample,
+            output_index=req.num_output,
+            new_owner=new_owner,
+            prompt_logprob_targets=targets,
+            prompt_logprobs=req.params.prompt_logprobs or 0,
+        )
+        req.num_blocks_sent = len(req.block_ids)
+        req.num_computed += n
+        req.num_inflight += 1
+        if sample:
+            req.num_pending += 1
+            req.sampled_on_slot = True
+        self._publish_full_blocks(req)
+        return row
+
+    def _retract(self, req: Request) -> None:
+        """Give back a resident's blocks and slot; it recomputes from the waiting queue."""
+        self.running.remove(req)
+        self._publish_full_blocks(req)
+        self.pool.free(req.block_ids)
+        self._free_slots.append(req.slot)
+        req.slot = -1
+        req.sampled_on_slot = False
+        req.block_ids = []
+        req.num_blocks_sent = 0
+        req.num_cached_blocks = 0
+        req.num_computed = 0
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+
+    # -- tail ---------------------------------------------------------------
+    def advance(self, events: Iterable[ForwardCommitted | RequestFinished]) -> None:
+        """Apply the round's committed forwards and finished requests, in order."""
+        for event in events:
+            if isinstance(event, ForwardCommitted):
+                self._committed(event)
+            else:
+                req = self.requests.get(event.rid)
+                if req is not None and req.status is not Status.FINISHED:
+                    self._finish(req)
+
+    def _committed(self, event: ForwardCommitted) -> None:
+        for req, sampled in self._inflight.pop(event.plan_id):
+            req.num_inflight -= 1
+            if sampled:
+                req.num_pending -= 1
+                token = event.accepted.get(req.rid)
+                if token is not None and req.status is not Status.FINISHED:
+                    req.token_ids.append(token)
+                    if req.status is Status.RUNNING:
+                        self._publish_full_blocks(req)
+            if req.status is Status.FINISHED and req.num_inflight == 0:
+                del self.requests[req.rid]
+
+    def _finish(self, req: Request) -> None:
+        """End a request in any state. Its blocks and slot are reusable at once (the
+        device runs forwards in dispatch order, so a later owner's writes land after
+        every forward still reading them); its id stays held until those forwards
+        are committed."""
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self._publish_full_blocks(req)
+            self.pool.free(req.block_ids)
+            self._free_slots.append(req.slot)
+            req.block_ids = []
+        elif req.status is Status.WAITING:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+        if req.num_inflight == 0:
+            del self.requests[req.rid]
+
+    # -- prefix cache ---------------------------------------------------------
+    def _hash_full_blocks(self, req: Request) -> None:
+        page = self.page_size
+        hashes = req.block_hashes
+        for i in range(len(hashes), len(req.token_ids) // page):
+            parent = hashes[-1][0] if hashes else None
+            tokens = tuple(req.token_ids[i * page : (i + 1) * page])
+            hashes.append((chain_hash(parent, tokens), parent, tokens))
+
+    def _publish_full_blocks(self, req: Request) -> None:
+        """Cache the blocks whose tokens are all known and computed (dispatched)."""
+        if not self.pool.enable_prefix_caching:
+            return
+        full = min(req.num_computed, len(req.token_ids)) // self.page_size
+        if full <= req.num_cached_blocks:
+            return
+        self._hash_full_blocks(req)
+        for i in range(req.num_cached_blocks, full):
+            self.pool.cache(req.block_ids[i], *req.block_hashes[i])
+        req.num_cached_blocks = full
+
+    # -- reporting --------------------------------------------------------------
+    def drain_kv_events(self) -> list[KVEvent]:
+        return self.pool.events.drain()
+
+    def load(self) -> LoadReport:
+        return LoadReport(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            resident_blocks=self.pool.num_resident,
+            active_blocks=self.pool.num_active,
+            total_blocks=self.pool.num_usable,
+        )
+
+    @property
+    def has_inflight(self) -> bool:
+        return bool(self._inflight)
+
+    def has_work(self) -> bool:
+        """Anything to plan: a request to run or a forward to commit."""
+        return bool(self.running or self.waiting or self._inflight)
+
+    def check_idle(self) -> None:
+        """Leak check: no request, slot, block or in-flight forward is held."""
+        if self.requests or self.running or self.waiting or self._inflight:
+            raise AssertionError(
+                f"scheduler still holds requests={list(self.requests)[:8]} "
+                f"running={len(self.running)} waiting={len(self.waiting)} "
+                f"inflight={list(self._inflight)}"
+            )
+        if len(self._free_slots) != self.config.max_num_seqs:
+            raise AssertionError(f"slot leak: {len(self._free_slots)} free slots")
+        self.pool.check_idle()
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)

@@ -1,0 +1,71 @@
+"""Messages between the frontend and the engine's ranks (msgspec, msgpack-encoded).
+
+The same Structs travel in-process (AsyncEngine with one rank passes them as
+objects) and over ZMQ. ``WIRE_VERSION`` names the field order of the positional
+(array_like) structs; the handshake refuses a peer with another version.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.scheduler.plan import TokenLogprobs
+
+WIRE_VERSION = 1
+
+
+# -- frontend -> engine -------------------------------------------------------
+class GenerateRequest(msgspec.Struct, tag=True, array_like=True):
+    rid: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int  # resolved by the frontend so every rank samples alike
+    arrival_time: float
+
+
+class AbortRequest(msgspec.Struct, tag=True, array_like=True):
+    rid: str
+
+
+class StopEngine(msgspec.Struct, tag=True, array_like=True):
+    """Every rank stops after the same round (the stop rides the relay)."""
+
+
+InboundMessage = GenerateRequest | AbortRequest | StopEngine
+
+
+# -- engine -> frontend -------------------------------------------------------
+class Load(msgspec.Struct, array_like=True, frozen=True):
+    """The scheduler's load report (see scheduler.plan.LoadReport)."""
+
+    running: int
+    waiting: int
+    resident_blocks: int
+    active_blocks: int
+    total_blocks: int
+
+
+class TokenOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """New tokens of one request this round; ``finished`` ends its stream."""
+
+    rid: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | abort | error
+    stop_reason: int | None = None  # the stop token id that ended it, if any
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # first output only
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error_status: int = 0  # HTTP-like status of a refusal/failure (400, 409, 503, 500)
+    error_message: str | None = None
+
+
+class OutputBatch(msgspec.Struct, tag=True, array_like=True):
+    outputs: list[TokenOutput]
+    load: Load
+    replica: int = 0  # which attention-DP replica sent it
+
+
+OutboundMessage = OutputBatch
