@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.control.dp import DpAgreement, DpGroup
 from tokenspeed_aio.control.event_loop import EventLoop
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.output import OutputProcessor
@@ -35,6 +36,7 @@ class EngineRank:
         transport: Transport | None,
         rank: RankInfo | None = None,
         group: ReplicaGroup | None = None,
+        dp_group: DpGroup | None = None,
     ) -> EngineRank:
         from tokenspeed_aio.data_plane.forward_thread import HostDataPlane
 
@@ -63,6 +65,7 @@ class EngineRank:
             output=OutputProcessor(eos_token_ids=specs.eos_token_ids),
             in_flight_depth=args.in_flight_depth,
             replica=rank.dp_rank,
+            dp=DpAgreement(dp_group) if dp_group is not None else None,
         )
         logger.info(
             "rank ready: %d KV blocks of %d tokens (%d concurrent tokens), %s %s, attention %s",

@@ -24,7 +24,9 @@ CONFIGS = {
 
 
 async def generate_all(engine, prompts, **params):
-    sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0, **params)
+    sp = SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0, **params
+    )
 
     async def one(ids):
         last = None

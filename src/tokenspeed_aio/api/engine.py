@@ -116,6 +116,7 @@ class AsyncEngine:
             self._rank.loop.relay.transport.put(StopEngine())
             await asyncio.wait({self._task}, timeout=30)
         await self.frontend.close()
+        await self.frontend.connection.close()
         await asyncio.gather(self._task, return_exceptions=True)
 
     async def wait_idle(self, timeout: float = 10.0) -> None:

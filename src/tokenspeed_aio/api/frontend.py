@@ -33,6 +33,7 @@ from tokenspeed_aio.wire.messages import (
     Load,
     OutputBatch,
     TokenOutput,
+    Wake,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,10 @@ class RequestStream:
         "detok",
         "finished",
         "logprobs",
+        "num_cached_tokens",
+        "num_prompt_tokens",
         "params",
+        "prompt_logprobs",
         "queue",
         "replica",
         "rid",
@@ -80,6 +84,9 @@ class RequestStream:
         self.logprobs = [] if params.logprobs is not None else None
         self.text = ""
         self.sent = 0  # characters of text already emitted
+        self.num_prompt_tokens = 0  # these three arrive with the first output
+        self.num_cached_tokens = 0
+        self.prompt_logprobs = None
         self.finished = False
         self.queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
 
@@ -90,6 +97,10 @@ class RequestStream:
             self.finished = True
             self.queue.put_nowait(error_from_status(out.error_status, out.error_message or ""))
             return False
+        if out.num_prompt_tokens:
+            self.num_prompt_tokens = out.num_prompt_tokens
+            self.num_cached_tokens = out.num_cached_tokens
+            self.prompt_logprobs = out.prompt_logprobs
         self.token_ids.extend(out.token_ids)
         if out.logprobs is not None and self.logprobs is not None:
             self.logprobs.extend(out.logprobs)
@@ -119,9 +130,9 @@ class RequestStream:
                 finish_reason=reason,
                 stop_reason=stop_reason,
                 logprobs=list(self.logprobs) if self.logprobs is not None else None,
-                prompt_logprobs=out.prompt_logprobs,
-                num_prompt_tokens=out.num_prompt_tokens,
-                num_cached_tokens=out.num_cached_tokens,
+                prompt_logprobs=self.prompt_logprobs,
+                num_prompt_tokens=self.num_prompt_tokens,
+                num_cached_tokens=self.num_cached_tokens,
                 delta_token_ids=out.token_ids,
             )
         )
@@ -162,7 +173,9 @@ class Frontend:
         stream = self.submit(rid or uuid.uuid4().hex, ids, params)
         try:
             while True:
-                item = stream.queue.get_nowait() if stream.queue.qsize() else await stream.queue.get()
+                item = (
+                    stream.queue.get_nowait() if stream.queue.qsize() else await stream.queue.get()
+                )
                 if isinstance(item, EngineError):
                     raise item
                 yield item
@@ -173,7 +186,9 @@ class Frontend:
                 self.abort(stream.rid)
             self.streams.pop(stream.rid, None)
 
-    async def _prompt_ids(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
+    async def _prompt_ids(
+        self, prompt: str | None, prompt_token_ids: list[int] | None
+    ) -> list[int]:
         if (prompt is None) == (prompt_token_ids is None):
             raise InvalidRequestError("prompt: give exactly one of prompt or prompt_token_ids")
         if prompt_token_ids is not None:
@@ -211,6 +226,9 @@ class Frontend:
         replica = self.route()
         stream = self.streams[rid] = RequestStream(rid, params, detok, replica)
         self.connection.send(GenerateRequest(rid, ids, params, seed, time.time()), replica)
+        for other in range(self.num_replicas):
+            if other != replica:
+                self.connection.send(Wake(), other)
         return stream
 
     def abort(self, rid: str) -> None:
@@ -277,6 +295,6 @@ class Frontend:
         self.streams.clear()
 
     async def close(self) -> None:
+        """Stop the output task; the connection belongs to whoever opened it."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        await self.connection.close()

@@ -79,9 +79,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             value = getattr(self, name)
             _check(-2.0 <= value <= 2.0, name, f"must be between -2 and 2, got {value}")
         if self.seed is not None:
-            _check(
-                -(2**63) <= self.seed < 2**64, "seed", "must fit in 64 bits"
-            )
+            _check(-(2**63) <= self.seed < 2**64, "seed", "must fit in 64 bits")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:

@@ -37,4 +37,9 @@ class DataPlane(Protocol):
         """Queue the plan's forward; never blocks."""
         ...
 
+    async def idle_forward(self) -> None:
+        """Attention DP: a forward with no tokens, so this rank joins the forward-time
+        collectives a peer's real forward enters. Awaited: the round needs it done."""
+        ...
+
     async def shutdown(self) -> None: ...

@@ -2,7 +2,7 @@
 
     1. receive + relay; admit in arrival order
     2. head: client aborts -> scheduler.advance_head
-    3. plan: scheduler.next_execution_plan(); finish plan.aborts
+    3. plan: scheduler.next_execution_plan(); finish plan.aborts; DP agreement
     4. dispatch one data_plane.execute(plan) when there is device work; commit from
        the in-flight queue down to the effective depth (0 when nothing dispatched)
     5. tail: scheduler.advance(events); publish KV events once; send outputs + load
@@ -18,6 +18,7 @@ import time
 from collections import deque
 
 from tokenspeed_aio.control.data_plane import DataPlane, PendingExecution
+from tokenspeed_aio.control.dp import DpAgreement
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.kv_events import KVEventPublisher
 from tokenspeed_aio.control.output import OutputProcessor
@@ -43,6 +44,7 @@ class EventLoop:
         output: OutputProcessor,
         in_flight_depth: int,
         replica: int = 0,
+        dp: DpAgreement | None = None,
     ) -> None:
         if in_flight_depth not in (0, 1):
             raise ValueError(f"in_flight_depth must be 0 or 1, got {in_flight_depth}")
@@ -52,6 +54,7 @@ class EventLoop:
         self.ingress = ingress
         self.output = output
         self.depth = in_flight_depth
+        self.dp = dp
         self.kv_events = KVEventPublisher()
         self.load_reporter = LoadReporter(replica)
         self.stats = RoundStats()
@@ -60,6 +63,10 @@ class EventLoop:
 
     def idle(self) -> bool:
         return not self.in_flight and not self.scheduler.has_work()
+
+    def engine_idle(self) -> bool:
+        """Idle here and, with attention DP, on every rank as of the last exchange."""
+        return self.idle() and (self.dp is None or self.dp.engine_idle)
 
     async def run(self) -> None:
         """Run rounds until a stop request or a closed frontend; then end every request."""
@@ -74,7 +81,7 @@ class EventLoop:
 
     async def round(self) -> None:
         # 1. receive + relay, admit
-        messages = await self.relay.receive(wait=self.idle())
+        messages = await self.relay.receive(wait=self.engine_idle())
         self.stats.begin()
         adm = self.ingress.admit(messages, owned=self.output.owns, held=self.scheduler.holds)
         self.output.send(adm.refusals)
@@ -90,6 +97,8 @@ class EventLoop:
         # 3. plan
         plan = self.scheduler.next_execution_plan()
         self.output.finish_planned_aborts(plan.aborts)
+        if self.dp is not None and await self.dp.agree(plan.num_tokens, self.idle()):
+            await self.data_plane.idle_forward()
         # 4. dispatch, commit
         events: list[Event] = []
         if plan.needs_device():

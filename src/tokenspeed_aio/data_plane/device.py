@@ -45,6 +45,9 @@ class DeviceHandle:
     def execute(self, plan: ExecutionPlan) -> LaunchedForward:
         return self._runner.execute(plan)
 
+    def idle_forward(self) -> None:
+        self._runner.idle_forward()
+
     def shutdown(self) -> None:
         self._runner = None
         if torch.distributed.is_initialized():

@@ -39,6 +39,8 @@ class Handle(Protocol):
 
     def execute(self, plan: ExecutionPlan) -> LaunchedForward: ...
 
+    def idle_forward(self) -> None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -91,6 +93,11 @@ class HostDataPlane:
         self._ops.put((self._execute, plan, pending))
         return pending
 
+    async def idle_forward(self) -> None:
+        fut = self._loop.create_future()
+        self._ops.put((self._idle_forward, None, fut))
+        await fut
+
     async def shutdown(self) -> None:
         fut = self._loop.create_future()
         self._ops.put((self._stop, None, fut))
@@ -108,7 +115,9 @@ class HostDataPlane:
                     return
             except BaseException as err:  # a failed op fails its caller, not the thread
                 logger.exception("data-plane operation %s failed", op.__name__)
-                futures = (fut.launched, fut.landed) if isinstance(fut, PendingExecution) else (fut,)
+                futures = (
+                    (fut.launched, fut.landed) if isinstance(fut, PendingExecution) else (fut,)
+                )
                 for f in futures:
                     self._loop.call_soon_threadsafe(_resolve, f, None, err)
 
@@ -131,6 +140,11 @@ class HostDataPlane:
             self._loop.call_soon_threadsafe(_resolve, pending.landed, launched.collect())
         else:
             self._landing.put((launched, pending))
+
+    def _idle_forward(self, _: None, fut: asyncio.Future) -> None:
+        self._handle.idle_forward()
+        self.gc_hooks.forwarded()  # idle forwards count too: the GC round stays rank-identical
+        self._loop.call_soon_threadsafe(_resolve, fut)
 
     def _stop(self, _: None, fut: asyncio.Future) -> type[_Stop]:
         if self._handle is not None:

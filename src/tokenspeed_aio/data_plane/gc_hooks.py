@@ -40,4 +40,6 @@ class GcHooks:
             start = time.perf_counter()
             gc.collect()
             self.collections += 1
-            logger.debug("full gc on the forward thread: %.1f ms", 1e3 * (time.perf_counter() - start))
+            logger.debug(
+                "full gc on the forward thread: %.1f ms", 1e3 * (time.perf_counter() - start)
+            )

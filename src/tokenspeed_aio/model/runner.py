@@ -144,6 +144,29 @@ class ModelRunner:
             event.record()
         return LaunchedForward(plan, landing, prompt_rows, event)
 
+    @torch.inference_mode()
+    def idle_forward(self) -> None:
+        """One dummy token on the null block that writes no KV (slot -1): the rank
+        enters every collective of a forward without touching any request's state."""
+        z32 = torch.zeros(2, dtype=torch.int32, device=self.device)
+        meta = AttentionMetadata(
+            num_tokens=1,
+            num_rows=1,
+            max_query_len=1,
+            max_seq_len=1,
+            is_decode_only=True,
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=self.device),
+            seq_lens=z32[:1] + 1,
+            context_lens=z32[:1],
+            block_tables=z32[:1].view(1, 1),
+            slot_mapping=torch.full((1,), -1, dtype=torch.int64, device=self.device),
+            query_lens_host=(1,),
+            seq_lens_host=(1,),
+        )
+        ctx = ForwardContext(meta, self.backend, self.k_caches, self.v_caches)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.model(zero, zero, ctx)
+
     def _apply_row_state(self, rows: Sequence[ScheduledRow]) -> None:
         for row in rows:
             owner = row.new_owner

@@ -85,8 +85,7 @@ class Scheduler:
         need = self._blocks_for(req.prompt_len)
         if need > self.pool.num_usable:
             return (
-                f"the prompt needs {need} KV blocks but the cache has only "
-                f"{self.pool.num_usable}"
+                f"the prompt needs {need} KV blocks but the cache has only {self.pool.num_usable}"
             )
         return None
 
@@ -171,17 +170,17 @@ class Scheduler:
         need = self._blocks_for(req.num_computed + n) - len(req.block_ids)
         while need > self.pool.num_free:
             victim = self.running[-1]
-            if victim is req and len(self.running) == 1:
-                if self._blocks_for(req.num_computed + n) > self.pool.num_usable:
-                    self._finish(req)
-                    plan.aborts.append(
-                        PlannedAbort(
-                            req.rid,
-                            f"the request grew to {req.num_computed + n} tokens, more than "
-                            f"the KV cache holds ({self.pool.num_usable * self.page_size})",
-                        )
+            alone = victim is req and len(self.running) == 1
+            if alone and self._blocks_for(req.num_computed + n) > self.pool.num_usable:
+                self._finish(req)
+                plan.aborts.append(
+                    PlannedAbort(
+                        req.rid,
+                        f"the request grew to {req.num_computed + n} tokens, more than "
+                        f"the KV cache holds ({self.pool.num_usable * self.page_size})",
                     )
-                    return False
+                )
+                return False
             self._retract(victim)
             plan.num_retracted += 1
             self.num_retractions += 1

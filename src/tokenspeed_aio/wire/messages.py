@@ -32,7 +32,12 @@ class StopEngine(msgspec.Struct, tag=True, array_like=True):
     """Every rank stops after the same round (the stop rides the relay)."""
 
 
-InboundMessage = GenerateRequest | AbortRequest | StopEngine
+class Wake(msgspec.Struct, tag=True, array_like=True):
+    """Attention DP: another replica got work; an idle replica stops waiting for
+    messages so the replicas' rounds (and their DP exchange) run in step at once."""
+
+
+InboundMessage = GenerateRequest | AbortRequest | StopEngine | Wake
 
 
 # -- engine -> frontend -------------------------------------------------------
@@ -69,3 +74,30 @@ class OutputBatch(msgspec.Struct, tag=True, array_like=True):
 
 
 OutboundMessage = OutputBatch
+
+
+# -- handshake ----------------------------------------------------------------
+class EngineRegistration(msgspec.Struct, tag=True, frozen=True):
+    """What a replica's first member tells the frontend it serves, sent first on the
+    input connection. A frontend refuses an engine of another wire version."""
+
+    wire_version: int
+    replica: int  # attention-DP replica index
+    request_types: tuple[str, ...]  # message kinds it takes ("generate", "abort")
+    role: str  # "plain" (PD roles later)
+    model: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    num_blocks: int
+    page_size: int
+    tp: int
+    dp: int
+
+
+class RegistrationReply(msgspec.Struct, tag=True, frozen=True):
+    accepted: bool
+    reason: str = ""
+
+
+HandshakeMessage = EngineRegistration | RegistrationReply

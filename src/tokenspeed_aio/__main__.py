@@ -1,0 +1,5 @@
+import sys
+
+from tokenspeed_aio.cli import main
+
+sys.exit(main())

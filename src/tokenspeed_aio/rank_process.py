@@ -1,0 +1,123 @@
+"""The entry point of one rank process: form the mesh, build the rank, register with
+the frontend (replica owners), report ready, serve until stopped.
+
+A rank that fails reports it on its ready channel and leaves with ``os._exit``: it
+does not finalize its interpreter, so a lingering thread cannot keep it alive. A
+rank that was stopped returns normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.wire.zmq_client import Endpoints
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    args: EngineArgs
+    rank: int  # global rank of this node's engine
+    endpoints: Endpoints  # the frontend's sockets (replica owners dial them)
+    mesh_addresses: tuple[tuple[str, int], ...]  # every rank's (host, port) for the TCP mesh
+    tp_init_methods: tuple[str, ...]  # torch.distributed rendezvous, one per replica
+    local_device_index: int = 0
+    log_level: str = "INFO"
+
+
+def rank_main(launch: RankLaunch, ready: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend orchestrates shutdown
+    logging.basicConfig(
+        level=launch.log_level.upper(),
+        format=f"%(asctime)s rank{launch.rank} %(levelname)s %(name)s: %(message)s",
+    )
+    reported = False
+
+    def report(kind: str, value: str | None = None) -> None:
+        nonlocal reported
+        reported = kind == "ready"
+        ready.send((kind, value))
+
+    try:
+        _run(launch, report)
+    except BaseException as err:
+        logger.error("rank %d failed: %r", launch.rank, err)
+        try:
+            report("failed", f"{err!r}\n{traceback.format_exc(limit=8)}")
+        except OSError:
+            logger.error("the launcher is gone; exiting")
+        os._exit(1)
+
+
+def _run(launch: RankLaunch, report) -> None:
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    runner(_serve(launch, report))
+
+
+async def _serve(launch: RankLaunch, report) -> None:
+    from tokenspeed_aio.collective import Mesh, Ranks
+    from tokenspeed_aio.data_plane.specs import RankInfo
+    from tokenspeed_aio.rank import EngineRank
+    from tokenspeed_aio.wire.messages import WIRE_VERSION, EngineRegistration
+    from tokenspeed_aio.wire.zmq_transport import ZmqTransport
+
+    args = launch.args
+    ranks = Ranks.build(launch.rank, args.world_size, args.tp, args.dp)
+    mesh = None
+    if args.world_size > 1:
+        mesh = await Mesh.connect(launch.rank, args.world_size, list(launch.mesh_addresses))
+    owner = ranks.tp_rank == 0
+    transport = (
+        ZmqTransport(launch.endpoints.input, launch.endpoints.output, ranks.dp_rank)
+        if owner
+        else None
+    )
+    info = RankInfo(
+        tp_rank=ranks.tp_rank,
+        tp_size=args.tp,
+        dp_rank=ranks.dp_rank,
+        dist_init_method=launch.tp_init_methods[ranks.dp_rank] if args.tp > 1 else None,
+        local_device_index=launch.local_device_index,
+    )
+    replica = mesh.group(ranks.replica) if mesh is not None and args.tp > 1 else None
+    dp_world = mesh.group(ranks.world) if mesh is not None and args.dp > 1 else None
+    rank = await EngineRank.start(args, transport, info, group=replica, dp_group=dp_world)
+    if transport is not None:
+        specs = rank.specs
+        await transport.register(
+            EngineRegistration(
+                wire_version=WIRE_VERSION,
+                replica=ranks.dp_rank,
+                request_types=("generate", "abort"),
+                role="plain",
+                model=args.served_model_name or args.model,
+                max_model_len=specs.max_model_len,
+                vocab_size=specs.vocab_size,
+                eos_token_ids=specs.eos_token_ids,
+                num_blocks=specs.num_blocks,
+                page_size=specs.page_size,
+                tp=args.tp,
+                dp=args.dp,
+            )
+        )
+    report("ready")
+    try:
+        await rank.serve()
+    finally:
+        if transport is not None:
+            await transport.close()
+        if mesh is not None:
+            await mesh.close()
