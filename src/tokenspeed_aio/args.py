@@ -13,6 +13,7 @@ DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+GRAMMAR_BACKENDS = ("xgrammar", "none")
 
 
 @dataclass
@@ -40,6 +41,8 @@ class EngineArgs:
     max_cudagraph_capture_size: int = 256
     cudagraph_capture_sizes: list[int] | None = None
     chat_template: str | None = None  # a file or an inline jinja template
+    grammar_backend: str = "xgrammar"  # structured output: xgrammar | none
+    grammar_compile_timeout_secs: float = 30.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,6 +85,12 @@ class EngineArgs:
             "must be between 0.05 and 0.99",
         )
         check(self.max_cudagraph_capture_size >= 1, "max_cudagraph_capture_size", "must be >= 1")
+        check(
+            self.grammar_backend in GRAMMAR_BACKENDS,
+            "grammar_backend",
+            f"must be one of {', '.join(GRAMMAR_BACKENDS)}",
+        )
+        check(self.grammar_compile_timeout_secs > 0, "grammar_compile_timeout_secs", "must be > 0")
 
     @property
     def world_size(self) -> int:

@@ -35,6 +35,8 @@ ENGINE_HELP = {
     "max_cudagraph_capture_size": "GPU: largest decode batch captured in a CUDA graph",
     "cudagraph_capture_sizes": "GPU: exact decode batch sizes to capture",
     "chat_template": "a jinja chat template, or a file holding one (default: the tokenizer's)",
+    "grammar_backend": "structured output (json_schema, regex, ebnf): xgrammar or none",
+    "grammar_compile_timeout_secs": "a grammar not compiled within this fails its request",
 }
 
 

@@ -12,6 +12,8 @@ import logging
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.control.dp import DpAgreement, DpGroup
 from tokenspeed_aio.control.event_loop import EventLoop
+from tokenspeed_aio.control.faults import FaultInjector
+from tokenspeed_aio.control.grammar import GrammarQueue
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.output import OutputProcessor
 from tokenspeed_aio.control.relay import Relay, ReplicaGroup
@@ -21,6 +23,14 @@ from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
 from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
+
+
+def _grammar_backend(args: EngineArgs, specs: DeviceSpecs):
+    if args.grammar_backend == "none":
+        return None
+    from tokenspeed_aio.grammar.xgrammar_backend import XGrammarBackend
+
+    return XGrammarBackend(args.tokenizer or args.model, specs.vocab_size, specs.eos_token_ids)
 
 
 class EngineRank:
@@ -37,6 +47,7 @@ class EngineRank:
         rank: RankInfo | None = None,
         group: ReplicaGroup | None = None,
         dp_group: DpGroup | None = None,
+        faults: FaultInjector | None = None,
     ) -> EngineRank:
         from tokenspeed_aio.data_plane.forward_thread import HostDataPlane
 
@@ -59,13 +70,17 @@ class EngineRank:
         )
         loop = EventLoop(
             scheduler=scheduler,
+            grammar=GrammarQueue(
+                _grammar_backend(args, specs), args.grammar_compile_timeout_secs, group
+            ),
             data_plane=data_plane,
-            relay=Relay(transport, group),
+            relay=Relay(transport, group, is_owner=rank.tp_rank == 0),
             ingress=Ingress(vocab_size=specs.vocab_size, max_model_len=specs.max_model_len),
             output=OutputProcessor(eos_token_ids=specs.eos_token_ids),
             in_flight_depth=args.in_flight_depth,
             replica=rank.dp_rank,
             dp=DpAgreement(dp_group) if dp_group is not None else None,
+            faults=faults,
         )
         logger.info(
             "rank ready: %d KV blocks of %d tokens (%d concurrent tokens), %s %s, attention %s",
@@ -86,4 +101,6 @@ class EngineRank:
             freeze_startup_heap()
             await self.loop.run()
         finally:
+            if self.loop.grammar.backend is not None:
+                self.loop.grammar.backend.shutdown()
             await self.data_plane.shutdown()

@@ -69,6 +69,7 @@ def _run(launch: RankLaunch, report) -> None:
 
 async def _serve(launch: RankLaunch, report) -> None:
     from tokenspeed_aio.collective import Mesh, Ranks
+    from tokenspeed_aio.control.faults import FaultInjector
     from tokenspeed_aio.data_plane.specs import RankInfo
     from tokenspeed_aio.rank import EngineRank
     from tokenspeed_aio.wire.messages import WIRE_VERSION, EngineRegistration
@@ -94,7 +95,14 @@ async def _serve(launch: RankLaunch, report) -> None:
     )
     replica = mesh.group(ranks.replica) if mesh is not None and args.tp > 1 else None
     dp_world = mesh.group(ranks.world) if mesh is not None and args.dp > 1 else None
-    rank = await EngineRank.start(args, transport, info, group=replica, dp_group=dp_world)
+    rank = await EngineRank.start(
+        args,
+        transport,
+        info,
+        group=replica,
+        dp_group=dp_world,
+        faults=FaultInjector.from_env(launch.rank),
+    )
     if transport is not None:
         specs = rank.specs
         await transport.register(

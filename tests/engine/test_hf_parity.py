@@ -52,7 +52,7 @@ async def test_greedy_matches_transformers(ckpt, start_engine, arch, config, dep
         got = [lp.logprob for lp in out.logprobs]
         assert got == pytest.approx(ref_logprobs, abs=1e-3)
     if config == "retraction":
-        assert engine._rank.loop.scheduler.num_retractions > 0
+        assert engine.control_loop.scheduler.num_retractions > 0
 
 
 @pytest.mark.parametrize("arch", ["llama3", "mistral"])

@@ -53,7 +53,7 @@ async def test_cancelling_the_consumer_aborts_and_frees_blocks(ckpt, start_engin
     with pytest.raises(asyncio.CancelledError):
         await task
     await engine.check_idle()  # blocks back, no request state anywhere
-    assert engine._rank.loop.scheduler.pool.num_active == 0
+    assert engine.control_loop.scheduler.pool.num_active == 0
 
 
 async def test_concurrent_requests_share_batches(ckpt, start_engine):
@@ -61,7 +61,7 @@ async def test_concurrent_requests_share_batches(ckpt, start_engine):
     engine = await start_engine(path)
     prompts = parity_prompts(seed=4)
     outs = await asyncio.gather(*(final(engine, p, max_tokens=6) for p in prompts))
-    rows = [s.running for s in engine._rank.loop.stats.samples]
+    rows = [s.running for s in engine.control_loop.stats.samples]
     assert max(rows) >= 4, "requests were meant to run in one batch"
     for p, out in zip(prompts, outs):
         assert out.token_ids == hf_greedy(str(path), tuple(p), 6)[0]

@@ -22,6 +22,7 @@ CHAT_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
 EOS_TOKEN = "<|endoftext|>"
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 
 TINY = dict(
     hidden_size=64,

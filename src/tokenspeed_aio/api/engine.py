@@ -25,11 +25,10 @@ logger = logging.getLogger(__name__)
 
 
 class _LocalConnection:
-    """The frontend's side of the in-process wire; the engine task's death ends it."""
+    """The frontend's side of the in-process wire; the engine task's end ends it."""
 
     def __init__(self, transport: LocalTransport) -> None:
         self.transport = transport
-        self._failure: BaseException | None = None
 
     def send(self, msg: InboundMessage, replica: int) -> None:
         self.transport.put(msg)
@@ -49,32 +48,86 @@ class _LocalConnection:
         await self.transport.close()
 
 
+class _LocalRank:
+    """One rank in this process: its control plane is a task of the caller's loop."""
+
+    def __init__(self, rank, transport: LocalTransport) -> None:
+        self.rank = rank
+        self.transport = transport
+        self.connection = _LocalConnection(transport)
+        self.task = asyncio.create_task(rank.serve(), name="ts-engine-rank")
+        self.task.add_done_callback(self.connection.engine_stopped)
+        self.max_model_len = rank.specs.max_model_len
+
+    def idle(self, frontend: Frontend) -> bool:
+        return self.rank.loop.idle()
+
+    def check_idle(self, frontend: Frontend) -> None:
+        self.rank.loop.check_idle()
+
+    async def stop(self) -> None:
+        if not self.task.done():
+            self.transport.put(StopEngine())
+            await asyncio.wait({self.task}, timeout=30)
+        await self.connection.close()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+class _RemoteRanks:
+    """Rank processes behind the ZMQ wire; their state is seen through load reports."""
+
+    def __init__(self, processes) -> None:
+        self.processes = processes
+        self.connection = processes.client
+        self.max_model_len = processes.max_model_len
+
+    def idle(self, frontend: Frontend) -> bool:
+        loads = [frontend.loads.get(r) for r in range(frontend.num_replicas)]
+        return all(
+            ld is not None and not (ld[0].running or ld[0].waiting or ld[0].active_blocks)
+            for ld in loads
+        )
+
+    def check_idle(self, frontend: Frontend) -> None:
+        """Idle as the replicas reported it: no request and no active block."""
+        if not self.idle(frontend):
+            raise AssertionError(f"the replicas are not idle: {frontend.loads}")
+
+    async def stop(self) -> None:
+        await self.processes.stop()
+
+
 class AsyncEngine:
-    def __init__(self, args: EngineArgs, frontend: Frontend, rank, task: asyncio.Task) -> None:
+    def __init__(self, args: EngineArgs, frontend: Frontend, backend) -> None:
         self.args = args
         self.frontend = frontend
-        self._rank = rank
-        self._task = task
+        self._backend = backend
         self._closed = False
 
     @classmethod
     async def start(cls, args: EngineArgs | None = None) -> AsyncEngine:
-        from tokenspeed_aio.rank import EngineRank
-
         args = args or EngineArgs()
-        if args.world_size > 1:
-            raise NotImplementedError  # replaced by the multi-rank path below
         model_path = resolve_model_path(args.model)
+        args = args.replace(model=str(model_path))
         tokenizer = await asyncio.to_thread(
             Tokenizer, args.tokenizer or model_path, args.chat_template
         )
-        transport = LocalTransport()
-        rank = await EngineRank.start(args.replace(model=str(model_path)), transport)
-        task = asyncio.create_task(rank.serve(), name="ts-engine-rank")
-        connection = _LocalConnection(transport)
-        task.add_done_callback(connection.engine_stopped)
-        frontend = Frontend(tokenizer, connection, max_model_len=rank.specs.max_model_len)
-        return cls(args, frontend, rank, task)
+        if args.world_size > 1:
+            from tokenspeed_aio.engine_processes import start_engine_processes
+
+            backend = _RemoteRanks(await start_engine_processes(args))
+        else:
+            from tokenspeed_aio.rank import EngineRank
+
+            transport = LocalTransport()
+            backend = _LocalRank(await EngineRank.start(args, transport), transport)
+        frontend = Frontend(
+            tokenizer,
+            backend.connection,
+            max_model_len=backend.max_model_len,
+            num_replicas=args.dp,
+        )
+        return cls(args, frontend, backend)
 
     async def __aenter__(self) -> AsyncEngine:
         return self
@@ -85,10 +138,6 @@ class AsyncEngine:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.frontend.tokenizer
-
-    @property
-    def specs(self):
-        return self._rank.specs
 
     def generate(
         self,
@@ -107,24 +156,21 @@ class AsyncEngine:
         self.frontend.abort(rid)
 
     async def shutdown(self) -> None:
-        """Stop after the current round: in-flight requests end with ``abort``."""
+        """Stop after the current round; requests still running end with an error."""
         if self._closed:
             return
         self._closed = True
         self.frontend.fail_all(EngineDeadError("the engine was shut down"))
-        if not self._task.done():
-            self._rank.loop.relay.transport.put(StopEngine())
-            await asyncio.wait({self._task}, timeout=30)
         await self.frontend.close()
-        await self.frontend.connection.close()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await self._backend.stop()
 
     async def wait_idle(self, timeout: float = 10.0) -> None:
         """Wait until no request is held anywhere (frontend, control plane, scheduler)."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self.frontend.streams or not self._rank.loop.idle():
-            if asyncio.get_running_loop().time() > deadline:
-                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.frontend.streams or not self._backend.idle(self.frontend):
+            if loop.time() > deadline:
+                return
             await asyncio.sleep(0.01)
 
     async def check_idle(self, timeout: float = 10.0) -> None:
@@ -132,4 +178,10 @@ class AsyncEngine:
         await self.wait_idle(timeout)
         if self.frontend.streams:
             raise AssertionError(f"frontend still streams {list(self.frontend.streams)[:8]}")
-        self._rank.loop.check_idle()
+        self._backend.check_idle(self.frontend)
+
+    @property
+    def control_loop(self):
+        """The in-process EventLoop (one rank), for introspection: its scheduler, round
+        stats, KV events. None when the ranks run in their own processes."""
+        return getattr(self._backend, "rank", None) and self._backend.rank.loop

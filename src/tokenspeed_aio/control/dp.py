@@ -9,7 +9,7 @@ from typing import Protocol
 
 
 class DpGroup(Protocol):
-    async def all_gather(self, value: object) -> list: ...
+    async def all_gather(self, value: object, *, error: str | None = None) -> list: ...
 
 
 class DpAgreement:
@@ -18,9 +18,10 @@ class DpAgreement:
         self.engine_idle = False  # every rank idle as of the last round's exchange
         self.idle_forwards = 0
 
-    async def agree(self, num_tokens: int, locally_idle: bool) -> bool:
-        """True when this rank must run an idle forward this round."""
-        shares = await self.group.all_gather((num_tokens, locally_idle))
+    async def agree(self, num_tokens: int, locally_idle: bool, error: str | None = None) -> bool:
+        """True when this rank must run an idle forward this round. A rank-local error
+        rides the exchange: every rank raises the same CollectiveError."""
+        shares = await self.group.all_gather((num_tokens, locally_idle), error=error)
         self.engine_idle = all(idle for _, idle in shares)
         idle_forward = num_tokens == 0 and any(n for n, _ in shares)
         self.idle_forwards += idle_forward

@@ -1,9 +1,10 @@
 """EventLoop.round(): the schedule of one scheduling round, top to bottom.
 
-    1. receive + relay; admit in arrival order
+    1. receive + relay; admit in arrival order; the grammar queue
     2. head: client aborts -> scheduler.advance_head
     3. plan: scheduler.next_execution_plan(); finish plan.aborts; DP agreement
-    4. dispatch one data_plane.execute(plan) when there is device work; commit from
+    4. dispatch one data_plane.execute(plan) when there is device work (committing the
+       queue first if the dispatch depends on a pending commit); commit from
        the in-flight queue down to the effective depth (0 when nothing dispatched)
     5. tail: scheduler.advance(events); publish KV events once; send outputs + load
 
@@ -17,8 +18,12 @@ import logging
 import time
 from collections import deque
 
+from tokenspeed_aio.collective.errors import CollectiveError, MeshError
 from tokenspeed_aio.control.data_plane import DataPlane, PendingExecution
+from tokenspeed_aio.control.dispatch_rules import depends_on_pending_commit
 from tokenspeed_aio.control.dp import DpAgreement
+from tokenspeed_aio.control.faults import FaultInjector
+from tokenspeed_aio.control.grammar import GrammarQueue
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.kv_events import KVEventPublisher
 from tokenspeed_aio.control.output import OutputProcessor
@@ -26,6 +31,7 @@ from tokenspeed_aio.control.relay import Relay
 from tokenspeed_aio.control.round_stats import RoundStats
 from tokenspeed_aio.control.transport import LoadReporter
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardCommitted, RequestFinished
+from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.scheduler.scheduler import Scheduler, SubmissionRejected
 
 logger = logging.getLogger(__name__)
@@ -42,9 +48,11 @@ class EventLoop:
         relay: Relay,
         ingress: Ingress,
         output: OutputProcessor,
+        grammar: GrammarQueue,
         in_flight_depth: int,
         replica: int = 0,
         dp: DpAgreement | None = None,
+        faults: FaultInjector | None = None,
     ) -> None:
         if in_flight_depth not in (0, 1):
             raise ValueError(f"in_flight_depth must be 0 or 1, got {in_flight_depth}")
@@ -53,13 +61,17 @@ class EventLoop:
         self.relay = relay
         self.ingress = ingress
         self.output = output
+        self.grammar = grammar
         self.depth = in_flight_depth
         self.dp = dp
+        self.faults = faults
+        self.local_error: str | None = None  # carried into the next exchange with peers
         self.kv_events = KVEventPublisher()
         self.load_reporter = LoadReporter(replica)
         self.stats = RoundStats()
         self.in_flight: deque[tuple[ExecutionPlan, PendingExecution]] = deque()
         self.stopping = False
+        self.jit = (0, 0.0)  # the data plane's serving-time JIT compiles, as last reported
 
     def idle(self) -> bool:
         return not self.in_flight and not self.scheduler.has_work()
@@ -69,39 +81,51 @@ class EventLoop:
         return self.idle() and (self.dp is None or self.dp.engine_idle)
 
     async def run(self) -> None:
-        """Run rounds until a stop request or a closed frontend; then end every request."""
-        try:
-            while not self.stopping:
+        """Run rounds until a stop request (a closed frontend reads as one); then end
+        every request.
+
+        With peers, a rank-local error does not leave the loop at once: it rides the
+        next round's exchange (the relay, the DP agreement), where every rank raises the
+        same CollectiveError -- no rank strands a peer inside a collective."""
+        while not self.stopping:
+            try:
                 await self.round()
-        except ConnectionError as err:
-            logger.info("frontend gone (%s): stopping", err)
-            await self.drain(send=False)
-            return
-        await self.drain(send=True)
+            except Exception as err:
+                agreed = isinstance(err, (MeshError, CollectiveError))
+                if agreed or not self.has_peers or self.local_error:
+                    raise
+                logger.exception("rank-local error; reporting it in the next exchange")
+                self.local_error = f"{type(err).__name__}: {err}"
+        await self.drain()
 
     async def round(self) -> None:
-        # 1. receive + relay, admit
-        messages = await self.relay.receive(wait=self.engine_idle())
+        # 1. receive + relay, admit in arrival order; the grammar queue
+        messages = await self.relay.receive(self.engine_idle(), error=self.local_error)
         self.stats.begin()
         adm = self.ingress.admit(messages, owned=self.output.owns, held=self.scheduler.holds)
         self.output.send(adm.refusals)
-        if adm.requests:
-            try:
-                self.scheduler.submit(adm.requests)
-            except SubmissionRejected as err:
-                self.output.reject(adm.requests, 400, str(err))
-            else:
-                self.output.register(adm.requests)
+        self.output.register(adm.requests + adm.constrained)
+        self.output.fail(self.grammar.enqueue(adm.constrained))
+        compiled, failed = await self.grammar.admit() if len(self.grammar) else ([], [])
+        self.output.fail(failed)
+        self._submit(compiled + adm.requests)
         # 2. head
-        self.scheduler.advance_head(self.output.abort(adm.aborted))
+        aborted = self.output.abort(adm.aborted)
+        self.grammar.abort(aborted)
+        self.scheduler.advance_head(aborted)
         # 3. plan
         plan = self.scheduler.next_execution_plan()
         self.output.finish_planned_aborts(plan.aborts)
-        if self.dp is not None and await self.dp.agree(plan.num_tokens, self.idle()):
+        if self.dp is not None and await self.dp.agree(
+            plan.num_tokens, self.idle(), error=self.local_error
+        ):
             await self.data_plane.idle_forward()
         # 4. dispatch, commit
         events: list[Event] = []
         if plan.needs_device():
+            if self.in_flight and depends_on_pending_commit(plan):
+                while self.in_flight:
+                    events += await self._commit_oldest()
             self.in_flight.append((plan, self.data_plane.execute(plan)))
         depth = self.depth if plan.needs_device() else 0
         while len(self.in_flight) > depth:
@@ -112,31 +136,46 @@ class EventLoop:
         self._send_outputs()
         self.stopping = self.stopping or adm.stop
         self.stats.end(len(self.scheduler.running), plan.num_tokens)
+        if self.faults is not None:
+            self.faults.tick()
+
+    def _submit(self, requests: list[Request]) -> None:
+        """One submission batch; refused whole (each request fails with its error)."""
+        if not requests:
+            return
+        try:
+            self.scheduler.submit(requests)
+        except SubmissionRejected as err:
+            self.output.fail((req, str(err)) for req in requests)
 
     async def _commit_oldest(self) -> list[Event]:
         plan, pending = self.in_flight.popleft()
         start = time.perf_counter()
         result = await pending.result()
         self.stats.waited(time.perf_counter() - start)
+        self.jit = (result.jit_compiles, result.jit_compile_seconds)
         return self.output.commit(plan, result)
 
     def _send_outputs(self) -> None:
-        batch = self.load_reporter.batch(self.output.take(), self.scheduler.load())
+        batch = self.load_reporter.batch(self.output.take(), self.scheduler.load(), self.jit)
         if batch is not None:
             self.relay.send(batch)
 
-    async def drain(self, *, send: bool) -> None:
+    async def drain(self) -> None:
         """Stop: commit what is in flight, end every request with an abort, release."""
         events: list[Event] = []
         while self.in_flight:
             events += await self._commit_oldest()
         self.scheduler.advance(events)
-        self.scheduler.advance_head(self.output.abort_all())
+        aborted = self.output.abort_all()
+        self.grammar.abort(aborted)
+        self.scheduler.advance_head(aborted)
         self.kv_events.publish(self.scheduler.drain_kv_events())
-        if send:
-            self._send_outputs()
-        else:
-            self.output.take()
+        self._send_outputs()
+
+    @property
+    def has_peers(self) -> bool:
+        return self.relay.group is not None or self.dp is not None
 
     def check_idle(self) -> None:
         """Leak check: no request state in the control plane or the scheduler."""

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Admission:
     requests: list[Request] = field(default_factory=list)  # to submit, arrival order
+    constrained: list[Request] = field(default_factory=list)  # to the grammar queue first
     aborted: list[str] = field(default_factory=list)  # owned rids the clients aborted
     refusals: list[TokenOutput] = field(default_factory=list)  # final outputs to send
     stop: bool = False
@@ -62,7 +63,8 @@ class Ingress:
                     adm.aborted.append(msg.rid)
             elif isinstance(msg, StopEngine):
                 adm.stop = True
-        adm.requests = list(batch.values())
+        for req in batch.values():
+            (adm.constrained if req.params.has_grammar else adm.requests).append(req)
         return adm
 
     def _admit_one(

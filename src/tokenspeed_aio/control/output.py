@@ -68,9 +68,12 @@ class OutputProcessor:
         for out in outputs:
             self._pending[out.rid] = out
 
-    def reject(self, requests: Sequence[Request], status: int, message: str) -> None:
-        """A refused submission batch: every request in it fails with the same error."""
-        self.send(refusal(req.rid, status, message) for req in requests)
+    def fail(self, failures: Iterable[tuple[Request, str]], status: int = 400) -> None:
+        """End owned requests with an error (a refused submission batch, a grammar that
+        did not compile)."""
+        for req, message in failures:
+            if req.rid in self._states:
+                self._end(req.rid, "error", status=status, message=message)
 
     def abort(self, rids: Iterable[str]) -> list[str]:
         """Client aborts: end the streams now; returns the rids the scheduler must drop."""
@@ -108,7 +111,12 @@ class OutputProcessor:
                 continue  # ended while this forward was in flight: drop its token
             accepted[row.rid] = token
             reason, stop_reason = self._append(state, token, lp)
-            if reason is not None:
+            if reason == "error":
+                self._end(
+                    row.rid, "error", status=500, message=f"the grammar rejected token {token}"
+                )
+                finished.append(RequestFinished(row.rid))
+            elif reason is not None:
                 self._end(row.rid, reason, stop_reason=stop_reason)
                 finished.append(RequestFinished(row.rid))
         return [ForwardCommitted(plan.plan_id, accepted), *finished]
@@ -124,6 +132,12 @@ class OutputProcessor:
             out.logprobs.append(lp)
         state.num_output += 1
         req = state.req
+        matcher = req.grammar
+        if matcher is not None:  # the commit advances the grammar (Principle 4)
+            if not matcher.accept_token(token):
+                return "error", None
+            if matcher.is_terminated():
+                return "stop", token if token in state.stop_ids else None
         if token in state.stop_ids and state.num_output >= req.params.min_tokens:
             return "stop", token
         if state.num_output >= req.max_output:

@@ -2,43 +2,66 @@
 round's messages to every member in one exchange, so all members admit the same
 requests in the same round. Only the first member sends outputs.
 
+The exchange is an all-gather, so it also carries each member's rank-local error
+from the previous round: every member then fails together with that message.
 With a replica of one (no group), the relay is the transport itself.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Protocol
 
+import msgspec
+
 from tokenspeed_aio.control.transport import HEARTBEAT_SECONDS, Transport
-from tokenspeed_aio.wire.messages import InboundMessage, OutputBatch
+from tokenspeed_aio.wire.messages import InboundMessage, OutputBatch, StopEngine
+
+logger = logging.getLogger(__name__)
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(list[InboundMessage]).decode
 
 
 class ReplicaGroup(Protocol):
-    """The collective group of the replica's members (collective/)."""
+    """The collective group of the replica's members (collective.Group)."""
 
-    rank_in_group: int
-
-    async def broadcast(self, obj: object, root: int = 0) -> object: ...
+    async def all_gather(
+        self, value: object, *, error: str | None = None, timeout: float | None = None
+    ) -> list: ...
 
 
 class Relay:
-    def __init__(self, transport: Transport | None, group: ReplicaGroup | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport | None,
+        group: ReplicaGroup | None = None,
+        *,
+        is_owner: bool = True,
+    ) -> None:
         self.transport = transport  # only the first member holds one
         self.group = group
-        self.is_owner = group is None or group.rank_in_group == 0
-        if self.is_owner and transport is None:
+        self.is_owner = is_owner
+        if is_owner and transport is None:
             raise ValueError("the replica's first member needs the frontend transport")
 
-    async def receive(self, wait: bool) -> list[InboundMessage]:
+    async def receive(self, wait: bool, error: str | None = None) -> list[InboundMessage]:
         """This round's messages (waiting up to a heartbeat only when the engine is idle).
-        A closed frontend surfaces as ConnectionError on the owner, and as a StopEngine
-        on the members, so every member stops after the same round."""
-        if self.group is None:
-            return await self.transport.receive(HEARTBEAT_SECONDS if wait else None)
-        messages: list[InboundMessage] | None = None
+        A frontend that is gone reads as a stop request, which every member receives in
+        the same exchange, so all stop after the same round."""
+        messages = None
         if self.is_owner:
-            messages = await self.transport.receive(HEARTBEAT_SECONDS if wait else None)
-        return await self.group.broadcast(messages, root=0)
+            try:
+                messages = await self.transport.receive(HEARTBEAT_SECONDS if wait else None)
+            except ConnectionError as err:
+                logger.info("the frontend is gone (%s): stopping", err)
+                messages = [StopEngine()]
+        if self.group is None:
+            return messages
+        # The owner may idle up to a heartbeat before it joins: members wait for it.
+        payload = _encode(messages) if self.is_owner else None
+        shares = await self.group.all_gather(payload, error=error, timeout=math.inf)
+        return _decode(next(s for s in shares if s is not None))
 
     def send(self, batch: OutputBatch) -> None:
         if self.is_owner:

@@ -38,13 +38,16 @@ class LoadReporter:
         self._last: Load | None = None
         self._last_sent = 0.0
 
-    def batch(self, outputs: list[TokenOutput], report: LoadReport) -> OutputBatch | None:
+    def batch(
+        self, outputs: list[TokenOutput], report: LoadReport, jit: tuple[int, float] = (0, 0.0)
+    ) -> OutputBatch | None:
         load = Load(
             report.running,
             report.waiting,
             report.resident_blocks,
             report.active_blocks,
             report.total_blocks,
+            *jit,
         )
         now = time.monotonic()
         if not outputs and load == self._last and now - self._last_sent < HEARTBEAT_SECONDS:

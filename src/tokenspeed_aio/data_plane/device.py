@@ -15,18 +15,22 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
 from tokenspeed_aio.data_plane.host_sync import allow_host_sync, arm_sync_debug
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
-from tokenspeed_aio.model.attention.registry import create_backend
+from tokenspeed_aio.model.attention.registry import available_backends, create_backend
 from tokenspeed_aio.model.config import ModelConfig
+from tokenspeed_aio.model.cuda_graph import default_capture_sizes
 from tokenspeed_aio.model.kv_cache import (
     allocate_kv_cache,
     kv_cache_bytes_per_block,
     local_num_kv_heads,
 )
+from tokenspeed_aio.model.landing import LaunchedForward
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
+from tokenspeed_aio.model.memory_profile import activation_peak_bytes
 from tokenspeed_aio.model.parallel import init_tensor_parallel
-from tokenspeed_aio.model.runner import LaunchedForward, ModelRunner
+from tokenspeed_aio.model.runner import ModelRunner
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 
 logger = logging.getLogger(__name__)
@@ -40,7 +44,9 @@ class DeviceHandle:
         self._device = device
 
     def enter_serving(self) -> None:
+        """Startup is over: arm the sync-debug mode, then close the JIT window."""
         arm_sync_debug(self._device)
+        compile_monitor().mark_serving()
 
     def execute(self, plan: ExecutionPlan) -> LaunchedForward:
         return self._runner.execute(plan)
@@ -48,13 +54,18 @@ class DeviceHandle:
     def idle_forward(self) -> None:
         self._runner.idle_forward()
 
+    def forward_timeline(self) -> dict[str, float] | None:
+        """Profiling: device busy/idle time over the forwards since the last call."""
+        return self._runner.timeline.summary()
+
     def shutdown(self) -> None:
         self._runner = None
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         if self._device.type == "cuda":
-            with allow_host_sync():
-                torch.cuda.empty_cache()
+            torch.cuda.set_sync_debug_mode(0)  # the process may go on without the engine
+            torch.cuda.synchronize(self._device)
+            torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True)
@@ -84,19 +95,26 @@ def _init_tensor_parallel(rank: RankInfo, device: torch.device) -> None:
     init_tensor_parallel(rank.tp_rank, rank.tp_size)
 
 
+GRAPH_POOL_RESERVE = 512 * 2**20  # captured decode graphs' memory pool, measured small
+
+
 def _num_blocks(
-    args: EngineArgs, device: torch.device, per_block: int, max_model_len: int, page: int
+    args: EngineArgs, device: torch.device, per_block: int, max_model_len: int, peak: int
 ) -> int:
-    """KV pool size: fixed by --num-kv-blocks, else what the memory budget holds, but
-    never more than every slot at full context needs."""
+    """KV pool size: fixed by --num-kv-blocks, else what the memory budget holds after
+    the weights and the profiled activation peak, but never more than every slot at
+    full context needs."""
     if args.num_kv_blocks is not None:
         return args.num_kv_blocks
-    useful = args.max_num_seqs * -(-max_model_len // page) + 1
+    useful = args.max_num_seqs * -(-max_model_len // args.page_size) + 1
     if device.type == "cuda":
         with allow_host_sync():
             torch.cuda.synchronize(device)
             free, total = torch.cuda.mem_get_info(device)
-        budget = free - (1 - args.gpu_memory_utilization) * total
+        reserve = (1 - args.gpu_memory_utilization) * total + peak
+        if not args.enforce_eager:
+            reserve += GRAPH_POOL_RESERVE
+        budget = free - reserve
     else:
         budget = args.kv_cache_memory_gb * 2**30
     blocks = int(budget // per_block)
@@ -108,7 +126,14 @@ def _num_blocks(
     return min(blocks, useful)
 
 
+def _backend_name(name: str, device: torch.device) -> str:
+    if name != "auto":
+        return name
+    return "triton" if device.type == "cuda" and "triton" in available_backends() else "torch"
+
+
 def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
+    compile_monitor()  # hooked before anything compiles
     config = ModelConfig.from_pretrained(args.model)
     device = resolve_device(args.device, rank.local_device_index)
     if device.type == "cuda":
@@ -134,7 +159,24 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     per_block = kv_cache_bytes_per_block(
         config.num_hidden_layers, page, kv_heads, config.head_dim, dtype
     )
-    num_blocks = _num_blocks(args, device, per_block, max_model_len, page)
+    backend_name = _backend_name(args.attention_backend, device)
+    backend = create_backend(backend_name, max_model_len=max_model_len)
+    peak = 0
+    if device.type == "cuda" and args.num_kv_blocks is None:
+        peak = activation_peak_bytes(
+            model,
+            backend,
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=kv_heads,
+            head_dim=config.head_dim,
+            dtype=dtype,
+            device=device,
+            page_size=page,
+            num_tokens=min(args.chunked_prefill_size, max_model_len),
+            num_sampling_rows=args.max_num_seqs,
+            vocab_size=config.vocab_size,
+        )
+    num_blocks = _num_blocks(args, device, per_block, max_model_len, peak)
     if rank.tp_size > 1:  # every rank of the replica must plan with the same pool
         agreed = torch.tensor([num_blocks], dtype=torch.int64, device=device)
         with allow_host_sync():
@@ -143,10 +185,6 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     k_caches, v_caches = allocate_kv_cache(
         config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype, device
     )
-    backend_name = args.attention_backend
-    if backend_name == "auto":
-        backend_name = "torch" if device.type == "cpu" else "triton"
-    backend = create_backend(backend_name)
     runner = ModelRunner(
         model=model,
         vocab_size=config.vocab_size,
@@ -158,6 +196,20 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         max_model_len=max_model_len,
         eos_token_ids=config.eos_token_ids,
         device=device,
+    )
+    if device.type == "cuda" and not args.enforce_eager and backend.supports_cuda_graphs:
+        sizes = args.cudagraph_capture_sizes or default_capture_sizes(
+            min(args.max_cudagraph_capture_size, args.max_num_seqs)
+        )
+        runner.capture_graphs(sorted(s for s in sizes if s <= args.max_num_seqs))
+    logger.info(
+        "KV cache: %d blocks x %d tokens = %d concurrent tokens (%.2f GiB); activation peak "
+        "%.2f GiB",
+        num_blocks - 1,
+        page,
+        (num_blocks - 1) * page,
+        num_blocks * per_block / 2**30,
+        peak / 2**30,
     )
     specs = DeviceSpecs(
         num_blocks=num_blocks,

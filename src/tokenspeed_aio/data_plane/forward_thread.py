@@ -41,6 +41,8 @@ class Handle(Protocol):
 
     def idle_forward(self) -> None: ...
 
+    def forward_timeline(self) -> dict[str, float] | None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -84,9 +86,18 @@ class HostDataPlane:
     async def enter_serving(self) -> None:
         """Startup is over: from here the data plane's per-round path may not sync with
         the device or compile kernels (both are reported, or raised)."""
+        await self._ask("enter_serving")
+
+    async def forward_timeline(self) -> dict[str, float] | None:
+        """Profiling: device busy/idle milliseconds since the last call (None on CPU)."""
+        return await self._ask("forward_timeline")
+
+    async def _ask(self, operation: str):
+        """A low-rate DeviceHandle operation whose answer the caller needs, queued
+        behind the forwards already submitted."""
         fut = self._loop.create_future()
-        self._ops.put((self._enter_serving, None, fut))
-        await fut
+        self._ops.put((self._named, operation, fut))
+        return await fut
 
     def execute(self, plan: ExecutionPlan) -> PendingExecution:
         pending = PendingExecution(plan.plan_id, self._loop)
@@ -94,9 +105,7 @@ class HostDataPlane:
         return pending
 
     async def idle_forward(self) -> None:
-        fut = self._loop.create_future()
-        self._ops.put((self._idle_forward, None, fut))
-        await fut
+        await self._ask("idle_forward")
 
     async def shutdown(self) -> None:
         fut = self._loop.create_future()
@@ -128,9 +137,10 @@ class HostDataPlane:
         self._handle = device_build.handle
         self._loop.call_soon_threadsafe(_resolve, fut, device_build.specs)
 
-    def _enter_serving(self, _: None, fut: asyncio.Future) -> None:
-        self._handle.enter_serving()
-        self._loop.call_soon_threadsafe(_resolve, fut)
+    def _named(self, operation: str, fut: asyncio.Future) -> None:
+        if operation == "idle_forward":  # idle forwards count: GC rounds stay rank-identical
+            self.gc_hooks.forwarded()
+        self._loop.call_soon_threadsafe(_resolve, fut, getattr(self._handle, operation)())
 
     def _execute(self, plan: ExecutionPlan, pending: PendingExecution) -> None:
         launched = self._handle.execute(plan)
@@ -140,11 +150,6 @@ class HostDataPlane:
             self._loop.call_soon_threadsafe(_resolve, pending.landed, launched.collect())
         else:
             self._landing.put((launched, pending))
-
-    def _idle_forward(self, _: None, fut: asyncio.Future) -> None:
-        self._handle.idle_forward()
-        self.gc_hooks.forwarded()  # idle forwards count too: the GC round stays rank-identical
-        self._loop.call_soon_threadsafe(_resolve, fut)
 
     def _stop(self, _: None, fut: asyncio.Future) -> type[_Stop]:
         if self._handle is not None:

@@ -46,6 +46,10 @@ class ScheduledRow:
     # one shorter than num_tokens on the chunk that ends the prompt), and top-N.
     prompt_logprob_targets: list[int] | None = None
     prompt_logprobs: int = 0
+    # A constrained request's grammar matcher, read by the data plane to fill the token
+    # bitmask of a sampling row. The registered exception to "plain values only": the
+    # commit advances it, so a dispatch with one commits the queue first (Principle 4).
+    grammar: object | None = None
 
     @property
     def end(self) -> int:
@@ -78,6 +82,10 @@ class ExecutionPlan:
     def sample_rows(self) -> list[ScheduledRow]:
         return [r for r in self.rows if r.sample]
 
+    @property
+    def has_grammar(self) -> bool:
+        return any(r.grammar is not None and r.sample for r in self.rows)
+
 
 class TokenLogprobs(msgspec.Struct, array_like=True):
     """Logprob of a chosen token and the top-N alternatives (raw model distribution).
@@ -96,6 +104,8 @@ class ForwardResult:
     logprobs: list[TokenLogprobs] | None  # aligned with tokens, when any row asked
     # rid -> one entry per target of that row's prompt_logprob_targets
     prompt_logprobs: dict[str, list[TokenLogprobs]] | None = None
+    jit_compiles: int = 0  # JIT compilations on the forward thread since serving began
+    jit_compile_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

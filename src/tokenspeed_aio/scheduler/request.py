@@ -24,6 +24,7 @@ class Request:
         "arrival",
         "block_hashes",
         "block_ids",
+        "grammar",
         "max_output",
         "num_blocks_sent",
         "num_cached_blocks",
@@ -69,6 +70,9 @@ class Request:
         self.num_cached_blocks = 0  # prefix of block_ids published in the prefix cache
         self.num_cached_tokens = 0  # prefix-cache hit at first admission (reported)
         self.slot = -1
+        # The grammar matcher of a constrained request (attached when its grammar compiled):
+        # advanced by the commit, read by the data plane to mask the next token.
+        self.grammar = None
         self.sampled_on_slot = False  # the slot's device state holds this request's last token
 
     @property

@@ -212,6 +212,7 @@ class Scheduler:
             new_owner=new_owner,
             prompt_logprob_targets=targets,
             prompt_logprobs=req.params.prompt_logprobs or 0,
+            grammar=req.grammar if sample else None,
         )
         req.num_blocks_sent = len(req.block_ids)
         req.num_computed += n

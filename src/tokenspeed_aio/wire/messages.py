@@ -49,6 +49,8 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
     resident_blocks: int
     active_blocks: int
     total_blocks: int
+    jit_compiles: int = 0  # JIT compilations on the forward thread since serving began
+    jit_compile_seconds: float = 0.0
 
 
 class TokenOutput(msgspec.Struct, array_like=True, omit_defaults=True):

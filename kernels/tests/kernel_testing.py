@@ -1,0 +1,95 @@
+"""Shared by the kernel tests: the device, tolerances, the GPU marker, random paged batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gpu_test(fn):
+    """Mark a test as GPU-only (native kernels, larger shapes): skipped without CUDA."""
+    skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    return pytest.mark.gpu(skip(fn))
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp32: ~1e-4 relative; bf16/fp16: ~1e-2 (one rounding of the output, plus a little)."""
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@dataclass
+class PagedBatch:
+    q: torch.Tensor  # [num_tokens, Hq, D]; the last token is padding when pad=True
+    k_new: torch.Tensor  # [num_tokens, Hkv, D]
+    v_new: torch.Tensor
+    k_cache: torch.Tensor  # [num_blocks, page_size, Hkv, D]; context tokens already in place
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [B, max_blocks] int32, 0 past each row's blocks
+    seq_lens: torch.Tensor  # [B] int32
+    context_lens: torch.Tensor  # [B] int32
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 on padding
+
+
+def make_paged_batch(
+    context_lens: list[int],
+    query_lens: list[int],
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    device: str = DEVICE,
+    pad: bool = True,
+    seed: int = 0,
+) -> PagedBatch:
+    """Rows own shuffled, non-contiguous blocks (block 0, the null block, is never used, and
+    spare blocks hold garbage that must not leak in); k_new/v_new are not yet in the cache."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    blocks_per_row = [-(-s // page_size) for s in seq_lens]
+    num_blocks = 1 + sum(blocks_per_row) + 3
+    ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    max_blocks = max(blocks_per_row) + 1
+    block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    for b, n in enumerate(blocks_per_row):
+        block_tables[b, :n] = torch.tensor([ids.pop() for _ in range(n)], dtype=torch.int32)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    cache_shape = (num_blocks, page_size, num_kv_heads, head_dim)
+    k_cache, v_cache = randn(*cache_shape), randn(*cache_shape)
+    slots = []
+    for b, (c, q) in enumerate(zip(context_lens, query_lens)):
+        for p in range(c, c + q):
+            slots.append(int(block_tables[b, p // page_size]) * page_size + p % page_size)
+    if pad:
+        slots.append(-1)
+    num_tokens = len(slots)
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    batch = PagedBatch(
+        q=randn(num_tokens, num_q_heads, head_dim),
+        k_new=randn(num_tokens, num_kv_heads, head_dim),
+        v_new=randn(num_tokens, num_kv_heads, head_dim),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+    )
+    for name, value in vars(batch).items():
+        setattr(batch, name, value.to(device))
+    return batch

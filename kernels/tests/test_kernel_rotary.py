@@ -1,0 +1,76 @@
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, gpu_test
+from tokenspeed_kernels.reference import rotary_reference
+from tokenspeed_kernels.rotary import apply_rotary, build_cos_sin_cache
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def _qk(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype, seed=0):
+    """q and k as strided views of one fused qkv output, as the model produces them."""
+    gen = torch.Generator().manual_seed(seed)
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    qkv = torch.randn(num_tokens, width, generator=gen).to(DEVICE, dtype)
+    q = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
+    k_end = (num_q_heads + num_kv_heads) * head_dim
+    k = qkv[:, num_q_heads * head_dim : k_end].view(num_tokens, num_kv_heads, head_dim)
+    return qkv, q, k
+
+
+@pytest.mark.parametrize(
+    "head_dim,rotary_dim,scaling,dtype",
+    [
+        (64, 64, None, torch.float32),
+        (128, 128, LLAMA3_SCALING, torch.float32),
+        (128, 128, LLAMA3_SCALING, torch.bfloat16),
+        (64, 32, {"rope_type": "linear", "factor": 2.0}, torch.float32),
+    ],
+)
+def test_rotary_matches_reference_in_place(head_dim, rotary_dim, scaling, dtype):
+    cache = build_cos_sin_cache(rotary_dim, 20000, 500000.0, scaling).to(DEVICE)
+    qkv, q, k = _qk(9, 8, 2, head_dim, dtype, seed=head_dim)
+    v_before = qkv[:, (8 + 2) * head_dim :].clone()
+    positions = torch.tensor([0, 1, 2, 17, 17, 1000, 8191, 8192, 19999], device=DEVICE)
+    q_ref, k_ref = rotary_reference(q, k, positions, cache)
+    apply_rotary(q, k, positions, cache)
+    assert_close(q, q_ref)
+    assert_close(k, k_ref)
+    assert torch.equal(qkv[:, (8 + 2) * head_dim :], v_before), "v must be untouched"
+
+
+@pytest.mark.parametrize("scaling", [None, LLAMA3_SCALING])
+def test_cos_sin_cache_matches_transformers(scaling):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(
+        hidden_size=512, num_attention_heads=4, head_dim=128, rope_theta=500000.0,
+        rope_scaling=scaling, max_position_embeddings=131072,
+    )  # fmt: skip
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "default":
+        inv_freq = 1.0 / 500000.0 ** (torch.arange(0, 128, 2).float() / 128)
+    else:
+        inv_freq, _ = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    positions = torch.tensor([0, 1, 77, 4096, 100000])
+    freqs = positions[:, None].float() * inv_freq[None, :]
+    cache = build_cos_sin_cache(128, 100001, 500000.0, scaling)[positions]
+    torch.testing.assert_close(cache, torch.cat([freqs.cos(), freqs.sin()], -1))
+
+
+@gpu_test
+def test_rotary_large_batch_gpu():
+    cache = build_cos_sin_cache(128, 131072, 500000.0, LLAMA3_SCALING).cuda()
+    _, q, k = _qk(4096, 32, 8, 128, torch.bfloat16)
+    positions = torch.randint(0, 131072, (4096,), device="cuda")
+    q_ref, k_ref = rotary_reference(q, k, positions, cache)
+    apply_rotary(q, k, positions, cache)
+    assert_close(q, q_ref)
+    assert_close(k, k_ref)

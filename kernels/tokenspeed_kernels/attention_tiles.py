@@ -1,0 +1,53 @@
+"""Tile helpers shared by the attention kernels: paged K/V loads and the matmul.
+
+Cache layout, one tensor per layer and per K/V::
+
+    cache: [num_blocks, page_size, num_kv_heads, head_dim]   (head_dim contiguous)
+
+A row's token at absolute position ``n`` lives in block ``block_tables[row, n // page_size]``
+at offset ``n % page_size``. Tiles are gathered token by token, so any page size (1 included)
+and any block order work; a token's ``head_dim`` values are contiguous, which keeps each load
+coalesced.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+# NOTE: Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits. Under
+# the interpreter the operands are widened to fp32 first, which is exact (a bf16 product is
+# exact in fp32), so results match the GPU path up to summation order.
+_WIDEN_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def load_kv_tile(
+    cache,
+    block_table_row,  # pointer to this row's block_tables entries
+    offs_n,  # [BLOCK_N] absolute token positions
+    n_mask,  # [BLOCK_N] which positions exist (masked ones read as 0)
+    offs_d,  # [BLOCK_D]
+    d_mask,  # [BLOCK_D]
+    kv_head,
+    stride_block,
+    stride_page,
+    stride_head,
+    PAGE_SIZE: tl.constexpr,
+):
+    """Return the [BLOCK_N, BLOCK_D] tile of ``cache`` for positions ``offs_n`` of one row."""
+    block = tl.load(block_table_row + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+    # int64: block * stride_block overflows int32 for caches beyond 2**31 elements.
+    token = block.to(tl.int64) * stride_block + (offs_n % PAGE_SIZE) * stride_page
+    ptrs = cache + (token + kv_head * stride_head)[:, None] + offs_d[None, :]
+    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def mma(a, b):
+    """``a @ b`` accumulated in fp32; fp32 operands are multiplied in full precision (no TF32)."""
+    if _WIDEN_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision="ieee")

@@ -1,0 +1,220 @@
+"""Paged decode attention: one query token per row, GQA-aware, split-KV (flash-decoding).
+
+Layout contract::
+
+    q:            [B, num_q_heads, head_dim]           (head_dim contiguous; rows may be strided)
+    k/v_cache:    [num_blocks, page_size, num_kv_heads, head_dim]
+    block_tables: [B, max_blocks] int32                (0 = null block)
+    seq_lens:     [B] int32                             keys attended: positions [0, seq_lens[b])
+    out:          [B, num_q_heads, head_dim], q's dtype (0 for rows with seq_len 0)
+
+Query head ``h`` reads KV head ``h // group`` (group = num_q_heads // num_kv_heads), as in HF's
+``repeat_kv``. One program of the first kernel handles every query head of one KV head on one
+split of one row, so each K/V tile is loaded once for the whole group.
+
+Splits: each row's keys are cut into ``num_kv_splits`` chunks of equal length, rounded up to
+``BLOCK_N`` (so a short row uses only its first splits; the rest exit at once)::
+
+    chunk = round_up(cdiv(seq_len, num_kv_splits), BLOCK_N)
+    keys: |<- split 0 ->|<- split 1 ->| ... |<- last used split, may be short ->|  (idle splits)
+          0           chunk        2*chunk                                   seq_len
+
+Each split writes its normalized partial output and log-sum-exp; the reduce kernel merges the
+splits a row used. ``num_kv_splits`` is a plain (unspecialized) argument and the grid is
+``(B, num_kv_heads, num_kv_splits)``, so compiled kernels depend only on head_dim, page_size,
+group, dtype and block sizes, and the launch for one batch size is the same every step
+(CUDA-graph capturable, no host sync).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed_kernels.attention_tiles import load_kv_tile, mma
+
+BLOCK_N = 64  # keys per tile
+MAX_KV_SPLITS = 32
+MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, reduce) than it saves
+_LOG2E = 1.4426950408889634
+
+
+def num_kv_splits_for(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """The split count for a batch size: about two programs per SM, bounded by what the
+    longest possible context can use. Depends only on host constants, never on tensor values."""
+    useful = triton.cdiv(max(max_seq_len, 1), MIN_KEYS_PER_SPLIT)
+    wanted = triton.cdiv(2 * num_sms, max(batch_size * num_kv_heads, 1))
+    return max(1, min(MAX_KV_SPLITS, useful, wanted))
+
+
+@triton.jit(do_not_specialize=["num_kv_splits", "stride_bt"])
+def _decode_split_kernel(
+    Q,
+    K_cache,
+    V_cache,
+    Block_tables,
+    Seq_lens,
+    Mid_o,  # [B, num_q_heads, num_kv_splits, HEAD_DIM] fp32, normalized partial outputs
+    Mid_lse,  # [B, num_q_heads, num_kv_splits] fp32, log2-sum-exp2 of the scaled scores
+    scale_log2,  # softmax scale * log2(e): scores are exponentiated with exp2
+    num_kv_splits,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kp,
+    stride_kh,
+    stride_vb,
+    stride_vp,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_q_heads = tl.num_programs(1) * GROUP
+
+    seq_len = tl.load(Seq_lens + row)
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    if start < end:
+        offs_h = tl.arange(0, BLOCK_H)
+        h_mask = offs_h < GROUP
+        q_heads = kv_head * GROUP + offs_h
+        offs_d = tl.arange(0, BLOCK_D)
+        d_mask = offs_d < HEAD_DIM
+        q = tl.load(
+            Q + row.to(tl.int64) * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
+            mask=h_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        bt_row = Block_tables + row.to(tl.int64) * stride_bt
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < end
+            k = load_kv_tile(
+                K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
+                stride_kb, stride_kp, stride_kh, PAGE_SIZE,
+            )  # fmt: skip
+            s = mma(q, tl.trans(k)) * scale_log2
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            # Every tile holds at least one valid key, so m_new is finite.
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = load_kv_tile(
+                V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
+                stride_vb, stride_vp, stride_vh, PAGE_SIZE,
+            )  # fmt: skip
+            acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
+            m_i = m_new
+
+        mid = (row.to(tl.int64) * num_q_heads + q_heads) * num_kv_splits + split
+        tl.store(
+            Mid_o + mid[:, None] * HEAD_DIM + offs_d[None, :],
+            acc / l_i[:, None],
+            mask=h_mask[:, None] & d_mask[None, :],
+        )
+        tl.store(Mid_lse + mid, m_i + tl.log2(l_i), mask=h_mask)
+
+
+@triton.jit(do_not_specialize=["num_kv_splits"])
+def _decode_reduce_kernel(
+    Mid_o,
+    Mid_lse,
+    Seq_lens,
+    Out,
+    num_kv_splits,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    num_q_heads = tl.num_programs(1)
+    seq_len = tl.load(Seq_lens + row)
+    # Same chunking as the split kernel: splits [0, used) ran and wrote their partials.
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
+    used = tl.cdiv(seq_len, chunk)
+
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    base = (row.to(tl.int64) * num_q_heads + head) * num_kv_splits
+    m = float("-inf")
+    denom = 0.0
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for split in range(0, used):
+        lse = tl.load(Mid_lse + base + split)
+        o = tl.load(Mid_o + (base + split) * HEAD_DIM + offs_d, mask=d_mask, other=0.0)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha + w * o
+        denom = denom * alpha + w
+        m = m_new
+    out = acc / tl.maximum(denom, 1e-30)  # denom == 0 only for an empty row: write zeros
+    tl.store(
+        Out + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+        out.to(Out.dtype.element_ty),
+        mask=d_mask,
+    )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_kv_splits: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attend each row's single query to its ``seq_lens[b]`` cached keys (layout: module doc).
+
+    ``num_kv_splits`` must be a host constant for a given batch size (see
+    :func:`num_kv_splits_for`); ``out`` may be given to write in place.
+    """
+    batch, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    assert num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads"
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    group = num_q_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    mid_o = torch.empty(
+        (batch, num_q_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+    mid_lse = torch.empty((batch, num_q_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(head_dim)
+    # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
+    block_h = max(16, triton.next_power_of_2(group))
+    _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
+        scale * _LOG2E, num_kv_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group, BLOCK_H=block_h, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        PAGE_SIZE=page_size, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    _decode_reduce_kernel[(batch, num_q_heads)](
+        mid_o, mid_lse, seq_lens, out, num_kv_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N, num_warps=4,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,187 @@
+"""Paged prefill/extend attention: rows of several new tokens over a cached prefix, causal.
+
+Layout contract::
+
+    q:               [num_tokens, num_q_heads, head_dim]  (head_dim contiguous)
+    k/v_cache:       [num_blocks, page_size, num_kv_heads, head_dim], already holding the new
+                     tokens' keys/values (kv_write runs first), so every key is read from it
+    block_tables:    [B, max_blocks] int32
+    query_start_loc: [B + 1] int32, row b's queries are tokens [query_start_loc[b], [b+1])
+    seq_lens:        [B] int32, keys after this forward; context = seq_len - query_len
+    out:             [num_tokens, num_q_heads, head_dim]; tokens past query_start_loc[B]
+                     (padding) are not written
+
+Query ``j`` of row ``b`` sits at absolute position ``context + j`` and sees keys
+``[0, context + j]``. Query head ``h`` reads KV head ``h // group``. A program owns BLOCK_M
+queries of one head of one row and walks the keys in two phases::
+
+    keys: 0 ......................... full_hi ........... kv_hi      seq_len
+          |  phase 1: visible to every |  phase 2: causal  |  (never  |
+          |  query of the block, no    |  mask per (query, |  read)   |
+          |  causal mask               |  key)             |          |
+    full_hi = (context + first query of the block) rounded down to BLOCK_N
+    kv_hi   = min(seq_len, context + last query of the block + 1)
+
+The grid is (num_q_heads, cdiv(max_query_len, BLOCK_M), B); programs past their row's
+queries exit, so compiled kernels depend only on head_dim, page_size, group, dtype and blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed_kernels.attention_tiles import load_kv_tile, mma
+
+BLOCK_M = 64
+BLOCK_N = 64
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_keys(
+    acc, m_i, l_i, q, q_pos, n_lo, n_hi,
+    K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+    stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of (acc, m_i, l_i) with keys [n_lo, n_hi)."""
+    for n0 in range(n_lo, n_hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < n_hi
+        k = load_kv_tile(
+            K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
+            stride_kb, stride_kp, stride_kh, PAGE_SIZE,
+        )  # fmt: skip
+        s = mma(q, tl.trans(k)) * scale_log2
+        if CAUSAL:
+            s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+        # Key 0 is visible to every query, so each row's max is finite from its first tile on.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(
+            V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
+            stride_vb, stride_vp, stride_vh, PAGE_SIZE,
+        )  # fmt: skip
+        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit(do_not_specialize=["stride_bt"])
+def _extend_kernel(
+    Q,
+    K_cache,
+    V_cache,
+    Block_tables,
+    Query_start_loc,
+    Seq_lens,
+    Out,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_kp,
+    stride_kh,
+    stride_vb,
+    stride_vp,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    head = tl.program_id(0)
+    # The last query blocks of a row see the most keys: launch them first.
+    m_block = tl.num_programs(1) - 1 - tl.program_id(1)
+    row = tl.program_id(2)
+    q_start = tl.load(Query_start_loc + row)
+    q_len = tl.load(Query_start_loc + row + 1) - q_start
+    m_lo = m_block * BLOCK_M
+    if m_lo < q_len:
+        seq_len = tl.load(Seq_lens + row)
+        context = seq_len - q_len
+        kv_head = head // GROUP
+        offs_m = m_lo + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < q_len
+        offs_d = tl.arange(0, BLOCK_D)
+        d_mask = offs_d < HEAD_DIM
+        tokens = (q_start + offs_m).to(tl.int64)
+        io_mask = m_mask[:, None] & d_mask[None, :]
+        q = tl.load(
+            Q + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+            mask=io_mask,
+            other=0.0,
+        )
+        q_pos = context + offs_m
+        bt_row = Block_tables + row.to(tl.int64) * stride_bt
+
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        full_hi = (context + m_lo) // BLOCK_N * BLOCK_N
+        kv_hi = tl.minimum(seq_len, context + m_lo + BLOCK_M)
+        acc, m_i, l_i = _attend_keys(
+            acc, m_i, l_i, q, q_pos, 0, full_hi,
+            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
+            PAGE_SIZE, BLOCK_N, False,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_keys(
+            acc, m_i, l_i, q, q_pos, full_hi, kv_hi,
+            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
+            PAGE_SIZE, BLOCK_N, True,
+        )  # fmt: skip
+        tl.store(
+            Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+            (acc / l_i[:, None]).to(Out.dtype.element_ty),
+            mask=io_mask,
+        )
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of every row's new tokens over its cached keys (layout: module doc).
+
+    ``max_query_len`` is a host int bounding every row's query count (it sizes the grid).
+    """
+    _, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    assert num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads"
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    batch = block_tables.shape[0]
+    if batch == 0 or max_query_len == 0:
+        return out
+    grid = (num_q_heads, triton.cdiv(max_query_len, BLOCK_M), batch)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,70 @@
+"""Write a forward's new keys and values into the paged KV cache.
+
+Layout contract::
+
+    k, v:          [num_tokens, num_kv_heads, head_dim]  (each token's heads contiguous;
+                                                          tokens may be strided, e.g. qkv views)
+    k/v_cache:     [num_blocks, page_size, num_kv_heads, head_dim], contiguous per token slot
+    slot_mapping:  [num_tokens] int64, block * page_size + offset; -1 = padding, not written
+
+One program per token copies its ``num_kv_heads * head_dim`` values of k and of v, cast to
+the cache's dtype. The grid depends only on num_tokens, so one launch per batch size is the
+same every step (CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kv_write_kernel(
+    K,
+    V,
+    K_cache,
+    V_cache,
+    Slot_mapping,
+    stride_kt,
+    stride_vt,
+    stride_k_slot,
+    stride_v_slot,
+    ROW: tl.constexpr,  # num_kv_heads * head_dim
+    BLOCK: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(Slot_mapping + token)
+    offs = tl.arange(0, BLOCK)
+    # A padding token (slot -1) masks its whole row out.
+    mask = offs < tl.where(slot >= 0, ROW, 0)
+    k = tl.load(K + token.to(tl.int64) * stride_kt + offs, mask=mask)
+    v = tl.load(V + token.to(tl.int64) * stride_vt + offs, mask=mask)
+    tl.store(K_cache + slot * stride_k_slot + offs, k.to(K_cache.dtype.element_ty), mask=mask)
+    tl.store(V_cache + slot * stride_v_slot + offs, v.to(V_cache.dtype.element_ty), mask=mask)
+
+
+def kv_write(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store k/v [num_tokens, Hkv, D] at ``slot_mapping`` in the caches (layout: module doc)."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    row = num_kv_heads * head_dim
+    for x in (k, v):
+        assert x.stride(2) == 1 and x.stride(1) == head_dim, "each token's heads must be contiguous"
+    page_size = k_cache.shape[1]
+    for cache in (k_cache, v_cache):
+        # slot * stride(1) addresses (block, offset) only when blocks are packed back to back.
+        assert cache.stride(0) == page_size * row and cache.stride(1) == row
+        assert cache.stride(2) == head_dim and cache.stride(3) == 1
+    if num_tokens == 0:
+        return
+    _kv_write_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), v.stride(0), k_cache.stride(1), v_cache.stride(1),
+        ROW=row, BLOCK=triton.next_power_of_2(row), num_warps=4,
+    )  # fmt: skip

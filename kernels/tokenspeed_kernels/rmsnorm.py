@@ -1,0 +1,94 @@
+"""RMSNorm, plain and fused with the residual add, with HF Llama/Qwen rounding.
+
+Layout contract::
+
+    x, residual: [..., hidden], hidden contiguous (rows may be strided)
+    weight:      [hidden]
+    returns new tensors of x's shape and dtype
+
+Math (as HF's ``LlamaRMSNorm`` after ``hidden = residual + hidden``)::
+
+    residual' = round(x + residual)                       (fused variant only)
+    h         = residual' if fused else x
+    out       = round(weight * round(h * rsqrt(mean(h**2) + eps)))
+
+where ``round`` is to x's dtype; the mean and rsqrt are in fp32. One program per row holds the
+whole row in registers, so hidden sizes up to a few tens of thousands are fine.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    X,
+    Residual,
+    W,
+    Out,
+    Residual_out,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden
+    h = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(Residual + row * stride_r + offs, mask=mask, other=0.0)
+        # Round the sum to the input dtype first: HF adds in that dtype, then normalizes.
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(Residual_out + row * stride_ro + offs, h, mask=mask)
+    hf = h.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(hf * hf, 0) / hidden + eps)
+    normed = (hf * rstd).to(X.dtype.element_ty).to(tl.float32)
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, hidden] with hidden contiguous, viewing when possible."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _launch(x, residual, weight, eps):
+    hidden = x.shape[-1]
+    assert weight.shape == (hidden,) and weight.is_contiguous()
+    x2 = _rows(x)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    r2 = _rows(residual) if residual is not None else x2
+    r_out = torch.empty_like(out) if residual is not None else out
+    block = triton.next_power_of_2(hidden)
+    if x2.shape[0] > 0:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, out, r_out,
+            x2.stride(0), r2.stride(0), out.stride(0), r_out.stride(0),
+            hidden, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            num_warps=min(max(block // 256, 1), 16),
+        )  # fmt: skip
+    return out.view(x.shape), r_out.view(x.shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x (layout and rounding: module doc)."""
+    return _launch(x, None, weight, eps)[0]
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual = x + residual; return rms_norm(residual), residual`` in one pass (as vLLM's
+    fused_add_rms_norm, but out of place: both results are new tensors)."""
+    assert residual.shape == x.shape and residual.dtype == x.dtype
+    return _launch(x, residual, weight, eps)

@@ -1,0 +1,1 @@
+"""Structured output: grammar compilation and matchers (xgrammar)."""

@@ -1,0 +1,93 @@
+"""xgrammar behind the control plane's grammar queue: compilation on a thread pool,
+off the round, with a compile cache keyed by the grammar's text; matchers that the
+commit advances and the data plane reads to fill token bitmasks.
+
+xgrammar imports torch, so this module lives outside control/: the rank hands the
+control plane an instance; the control plane only calls its methods.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+import threading
+from pathlib import Path
+
+from tokenspeed_aio.grammar.spec import GrammarSpec
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarCompileError(ValueError):
+    """The grammar does not compile; the message is the compiler's."""
+
+
+class XGrammarBackend:
+    def __init__(
+        self,
+        tokenizer_dir: str | Path,
+        vocab_size: int,
+        stop_token_ids: tuple[int, ...],
+        *,
+        max_threads: int = 2,
+    ) -> None:
+        self._tokenizer_dir = str(tokenizer_dir)
+        self._vocab_size = vocab_size
+        self._stop_ids = list(stop_token_ids)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_threads, thread_name_prefix="ts-grammar"
+        )
+        self._compiler = None  # built on first use: loading the tokenizer takes seconds
+        self._compiler_lock = threading.Lock()
+        self._cache: dict[GrammarSpec, concurrent.futures.Future] = {}
+
+    def compile(self, spec: GrammarSpec) -> concurrent.futures.Future:
+        """A future of the compiled grammar; one compilation per distinct grammar text."""
+        fut = self._cache.get(spec)
+        if fut is None or (fut.done() and fut.exception() is not None):
+            fut = self._cache[spec] = self._pool.submit(self._compile, spec)
+        return fut
+
+    def matcher(self, compiled):
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(compiled)
+
+    def _compile(self, spec: GrammarSpec):
+        compiler = self._get_compiler()
+        try:
+            if spec.kind == "json_schema":
+                return compiler.compile_json_schema(spec.text)
+            if spec.kind == "json_object":
+                return compiler.compile_builtin_json_grammar()
+            if spec.kind == "regex":
+                return compiler.compile_regex(spec.text)
+            return compiler.compile_grammar(spec.text)
+        except RuntimeError as err:  # xgrammar reports every grammar error this way
+            raise GrammarCompileError(_compiler_message(err)) from None
+
+    def _get_compiler(self):
+        with self._compiler_lock:
+            if self._compiler is None:
+                import transformers
+                import xgrammar as xgr
+
+                tokenizer = transformers.AutoTokenizer.from_pretrained(self._tokenizer_dir)
+                info = xgr.TokenizerInfo.from_huggingface(
+                    tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_ids
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+            return self._compiler
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*(Check failed: \(.*?\) is false:\s*)?")
+
+
+def _compiler_message(err: RuntimeError) -> str:
+    """The compiler's message without xgrammar's timestamp and C++ source location."""
+    text = _PREFIX.sub("", str(err).strip())
+    return text.splitlines()[0] if text else "the grammar could not be compiled"

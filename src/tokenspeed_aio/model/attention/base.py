@@ -1,0 +1,48 @@
+"""The attention backend interface every implementation (torch, triton, flashinfer) serves.
+
+A backend owns two things for one layer of one forward: writing the forward's new k/v
+into the paged cache, and attending each row's new queries over its cached positions.
+
+    for each row i (tokens query_start_loc[i] : query_start_loc[i+1]):
+        write k/v of token t at slot_mapping[t]            (skip slot -1: padding)
+        query j of row i sits at position context_lens[i] + j and attends causally to
+        keys at positions [0, context_lens[i] + j], all read from the cache through
+        block_tables[i] (so a cached prefix and this forward's tokens look the same)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from tokenspeed_aio.model.forward_context import ForwardContext
+
+
+class AttentionBackend(ABC):
+    name: ClassVar[str]
+    # True when a decode-only forward launches the same kernels for the same batch size
+    # whatever the device values (no host reads, grid from host ints), so the runner may
+    # capture it in a CUDA graph and replay it.
+    supports_cuda_graphs: ClassVar[bool] = False
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_idx: int,
+        ctx: ForwardContext,
+    ) -> torch.Tensor:
+        """Store k/v in layer ``layer_idx``'s cache, then attend.
+
+        q: [num_tokens, num_q_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
+        (this rank's heads; GQA when num_q_heads > num_kv_heads). Each token's values are
+        contiguous, but tokens may be strided: v is typically a view of the fused qkv
+        projection's output. Returns
+        [num_tokens, num_q_heads * head_dim] in q's dtype; softmax scale head_dim ** -0.5.
+        Must not sync with the host: sizes come from ``ctx.attn``'s host fields.
+        """

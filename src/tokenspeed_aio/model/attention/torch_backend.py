@@ -1,0 +1,92 @@
+"""Reference attention backend in pure torch: runs on CPU and CUDA, exact rather than fast.
+
+Per layer it gathers every row's keys/values from the paged cache into a padded
+[B, max_seq_len, Hkv, D] tensor and runs one masked ``scaled_dot_product_attention``
+over padded queries [B, max_query_len, Hq, D], in float32. Memory grows with
+B * max_seq_len, so it suits tests and small batches; production uses a kernel backend.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tokenspeed_aio.model.attention.base import AttentionBackend
+from tokenspeed_aio.model.forward_context import ForwardContext
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k/v [num_tokens, Hkv, D] to their slots; tokens with slot -1 write nothing.
+
+    NOTE: skipping -1 without a host sync: such tokens are pointed at slot 0 (the null
+    block, never a real token's slot) and write back the value already there.
+    """
+    k_flat, v_flat = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+    slots = slot_mapping.clamp(min=0)
+    valid = (slot_mapping >= 0)[:, None, None]
+    k_flat[slots] = torch.where(valid, k.to(k_flat.dtype), k_flat[slots])
+    v_flat[slots] = torch.where(valid, v.to(v_flat.dtype), v_flat[slots])
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_idx: int,
+        ctx: ForwardContext,
+    ) -> torch.Tensor:
+        attn = ctx.attn
+        k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
+        page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+        num_tokens = q.shape[0]
+        store_kv(
+            k.reshape(num_tokens, num_kv_heads, head_dim),
+            v.reshape(num_tokens, num_kv_heads, head_dim),
+            k_cache,
+            v_cache,
+            attn.slot_mapping,
+        )
+        device = q.device
+
+        # Keys/values of every row at positions [0, max_seq_len), through its block table.
+        key_pos = torch.arange(attn.max_seq_len, device=device)
+        blocks = attn.block_tables[:, key_pos // page_size].long()
+        slots = blocks * page_size + key_pos % page_size  # [B, S]
+        keys = k_cache.flatten(0, 1)[slots].float()  # [B, S, Hkv, D]
+        values = v_cache.flatten(0, 1)[slots].float()
+
+        # Queries padded to [B, max_query_len]; pad rows read some real token, are masked
+        # like any query and never copied back.
+        q_off = torch.arange(attn.max_query_len, device=device)
+        starts = attn.query_start_loc[:-1].long()
+        q_idx = (starts[:, None] + q_off).clamp(max=num_tokens - 1)
+        queries = q.reshape(num_tokens, -1, head_dim)[q_idx].float()  # [B, Q, Hq, D]
+        q_pos = attn.context_lens.long()[:, None] + q_off  # absolute positions [B, Q]
+        mask = (key_pos <= q_pos[:, :, None]) & (key_pos < attn.seq_lens.long()[:, None, None])
+
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=mask[:, None],
+            scale=head_dim**-0.5,
+            enable_gqa=True,
+        ).transpose(1, 2)  # [B, Q, Hq, D]
+
+        # Back to token order: token t is query (t - starts[row]) of the row holding it.
+        # Tokens past the last row (CUDA-graph padding) land on the last row; never read.
+        token = torch.arange(num_tokens, device=device, dtype=attn.query_start_loc.dtype)
+        row = torch.searchsorted(attn.query_start_loc[1:], token, right=True)
+        row = row.clamp(max=attn.num_rows - 1)
+        offset = (token.long() - starts[row]).clamp(0, attn.max_query_len - 1)
+        return out[row, offset].to(q.dtype).flatten(1)

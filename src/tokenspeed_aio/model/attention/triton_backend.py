@@ -1,0 +1,102 @@
+"""Attention backend on the Triton kernels of ``tokenspeed_kernels``.
+
+Per layer: ``kv_write`` stores the forward's k/v at ``slot_mapping``, then either
+``decode_attention`` (every row has one query: split-KV, CUDA-graph capturable) or
+``extend_attention`` (prefill chunks over a cached prefix, causal) reads everything back
+from the paged cache.
+
+CUDA-graph contract for decode: nothing here reads a device value on the host. The launch
+depends only on host ints (tensor shapes, the batch's row count) and on the number of KV
+splits, a function of the batch size fixed at construction, so replaying a captured batch
+size launches exactly what was captured.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
+from tokenspeed_kernels.extend_attention import extend_attention
+from tokenspeed_kernels.kv_write import kv_write
+
+from tokenspeed_aio.model.attention.base import AttentionBackend
+from tokenspeed_aio.model.forward_context import ForwardContext
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+    supports_cuda_graphs = True
+
+    def __init__(self, *, max_model_len: int = 8192) -> None:
+        """``max_model_len`` bounds every row's KV length; it caps the decode split count."""
+        self.max_model_len = max_model_len
+        self._num_sms: int | None = None
+        self._splits: dict[tuple[int, int], int] = {}  # (batch size, kv heads) -> splits
+
+    def num_kv_splits(self, batch_size: int, num_kv_heads: int, device: torch.device) -> int:
+        """Decode split count for a batch size (a host function of host ints, memoized)."""
+        key = (batch_size, num_kv_heads)
+        if key not in self._splits:
+            if self._num_sms is None:
+                # On CPU (Triton's interpreter) there is nothing to fill: one split.
+                self._num_sms = (
+                    torch.cuda.get_device_properties(device).multi_processor_count
+                    if device.type == "cuda"
+                    else 1
+                )
+            self._splits[key] = num_kv_splits_for(
+                batch_size, num_kv_heads, self.max_model_len, self._num_sms
+            )
+        return self._splits[key]
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_idx: int,
+        ctx: ForwardContext,
+    ) -> torch.Tensor:
+        attn = ctx.attn
+        k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
+        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        num_tokens = q.shape[0]
+        kv_write(
+            k.view(num_tokens, num_kv_heads, head_dim),
+            v.view(num_tokens, num_kv_heads, head_dim),
+            k_cache,
+            v_cache,
+            attn.slot_mapping,
+        )
+        q3 = q.view(num_tokens, -1, head_dim)
+        out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
+        scale = head_dim**-0.5
+        if attn.is_decode_only:
+            # One query per row: tokens [0, num_rows) are the rows' queries.
+            rows = attn.num_rows
+            decode_attention(
+                q3[:rows],
+                k_cache,
+                v_cache,
+                attn.block_tables,
+                attn.seq_lens,
+                scale,
+                self.num_kv_splits(rows, num_kv_heads, q.device),
+                out=out[:rows],
+            )
+            real_tokens = rows
+        else:
+            extend_attention(
+                q3,
+                k_cache,
+                v_cache,
+                attn.block_tables,
+                attn.query_start_loc,
+                attn.seq_lens,
+                attn.max_query_len,
+                scale,
+                out=out,
+            )
+            real_tokens = sum(attn.query_lens_host)
+        if real_tokens < num_tokens:
+            out[real_tokens:].zero_()  # padding tokens: finite values for the layers after
+        return out.view(num_tokens, -1)

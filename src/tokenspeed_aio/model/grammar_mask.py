@@ -1,0 +1,51 @@
+"""Token bitmasks of a batch's constrained rows, filled from their grammar matchers on
+the forward thread and applied to the logits before sampling (xgrammar's kernels,
+on CPU and CUDA alike).
+
+Matchers ride the plan's rows; the commit advances them, and a dispatch with one
+commits the queue first, so the fill here always reads the state after the last
+committed token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_aio.data_plane.host_sync import host_to_device
+from tokenspeed_aio.scheduler.plan import ScheduledRow
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBitmask:
+    bitmask: torch.Tensor  # [num_sample_rows, ceil(vocab / 32)] int32 on the logits' device
+    rows: list[int]  # the constrained rows (indices among the sampling rows)
+    vocab_size: int
+
+    def apply(self, logits: torch.Tensor) -> None:
+        import xgrammar as xgr
+
+        xgr.apply_token_bitmask_inplace(
+            logits, self.bitmask, vocab_size=self.vocab_size, indices=self.rows
+        )
+
+
+def fill_token_bitmask(
+    sample_rows: Sequence[ScheduledRow], vocab_size: int, device: torch.device
+) -> TokenBitmask | None:
+    """None when no sampling row is constrained (the common case costs one scan)."""
+    rows = [
+        i
+        for i, row in enumerate(sample_rows)
+        if row.grammar is not None and not row.grammar.is_terminated()
+    ]
+    if not rows:
+        return None
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(sample_rows), vocab_size)
+    for i in rows:
+        sample_rows[i].grammar.fill_next_token_bitmask(bitmask, i)
+    return TokenBitmask(host_to_device(bitmask.numpy(), device), rows, vocab_size)

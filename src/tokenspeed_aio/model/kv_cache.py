@@ -1,0 +1,45 @@
+"""Allocation and sizing of the paged KV cache (layout in forward_context.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_aio.model.parallel import divide
+
+
+def local_num_kv_heads(total_kv_heads: int, tp_size: int) -> int:
+    """KV heads this rank stores: a split when there are enough, else one replicated head."""
+    if tp_size >= total_kv_heads:
+        if tp_size % total_kv_heads:
+            raise ValueError(
+                f"tensor-parallel size {tp_size} is not a multiple of the number of KV heads "
+                f"({total_kv_heads})"
+            )
+        return 1
+    return divide(total_kv_heads, tp_size, "number of KV heads")
+
+
+def kv_cache_bytes_per_block(
+    num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    """Bytes one block takes across all layers, K and V (``num_kv_heads`` local to a rank)."""
+    return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    page_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per-layer K and V caches [num_blocks, page_size, num_kv_heads, head_dim], zeroed.
+
+    Zeroed so the null block (block 0), which padding rows read, holds finite values.
+    """
+    shape = (num_blocks, page_size, num_kv_heads, head_dim)
+    k_caches = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers))
+    v_caches = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers))
+    return k_caches, v_caches

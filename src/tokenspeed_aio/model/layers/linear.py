@@ -1,0 +1,151 @@
+"""Tensor-parallel linear layers (Megatron style).
+
+Column-parallel layers split the output features across ranks and need no
+communication; a row-parallel layer splits the input features and all-reduces its
+partial sums. A column-parallel layer feeding a row-parallel one therefore costs one
+all-reduce per pair. Every ``weight_loader`` takes the FULL checkpoint tensor and
+copies this rank's shard into the (already sharded) parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenspeed_aio.model.kv_cache import local_num_kv_heads
+from tokenspeed_aio.model.layers.weights import check_shape
+from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
+
+
+class _ColumnShardedLinear(nn.Module):
+    """Holds this rank's rows of W (and b); subclasses decide which rows those are."""
+
+    def __init__(self, input_size: int, local_output_size: int, bias: bool) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.input_size = input_size
+        self.weight = nn.Parameter(torch.empty(local_output_size, input_size))
+        self.bias = nn.Parameter(torch.empty(local_output_size)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def _copy_rows(
+        self, param: torch.Tensor, loaded: torch.Tensor, full_rows: int, src: int, dst: int, n: int
+    ) -> None:
+        """Copy ``loaded[src:src+n]`` into ``param[dst:dst+n]`` (rows = output features)."""
+        check_shape(loaded, (full_rows, *param.shape[1:]))
+        param.data.narrow(0, dst, n).copy_(loaded.narrow(0, src, n))
+
+
+class ColumnParallelLinear(_ColumnShardedLinear):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        local = divide(output_size, tp_size(), "output size")
+        super().__init__(input_size, local, bias)
+        self.output_size = output_size
+
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        n = param.shape[0]
+        self._copy_rows(param, loaded, self.output_size, self.tp_rank * n, 0, n)
+
+
+class MergedColumnParallelLinear(_ColumnShardedLinear):
+    """Several column-parallel projections of the same input in one matmul (gate_up_proj).
+
+    Each rank holds its shard of every sub-projection, back to back, so the output splits
+    locally (``chunk``) with no communication.
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        local = [divide(size, tp_size(), "merged output size") for size in output_sizes]
+        super().__init__(input_size, sum(local), bias)
+        self.output_sizes = output_sizes
+        self.local_sizes = local
+
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        if not isinstance(shard_id, int):
+            raise ValueError(f"merged linear needs a sub-projection index, got {shard_id!r}")
+        n = self.local_sizes[shard_id]
+        dst = sum(self.local_sizes[:shard_id])
+        self._copy_rows(param, loaded, self.output_sizes[shard_id], self.tp_rank * n, dst, n)
+
+
+class QKVParallelLinear(_ColumnShardedLinear):
+    """q, k and v projections fused; attention heads split across ranks.
+
+    KV heads split like q heads when there are at least as many as ranks; with fewer
+    (tp > num_kv_heads) each rank holds one KV head, shared by ``tp / num_kv_heads``
+    consecutive ranks, whose q heads are exactly the ones that use it under GQA.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        bias: bool = False,
+    ) -> None:
+        tp = tp_size()
+        num_heads = divide(total_num_heads, tp, "number of attention heads")
+        num_kv_heads = local_num_kv_heads(total_num_kv_heads, tp)
+        super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias)
+        self.head_dim = head_dim
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        # First KV head of this rank; the same formula covers the split and the replicated
+        # case (there, tp / num_kv_heads consecutive ranks share one head).
+        self.kv_head_start = tp_rank() * total_num_kv_heads // tp
+
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        d = self.head_dim
+        q_rows, kv_rows = self.num_heads * d, self.num_kv_heads * d
+        if shard_id == "q":
+            full, src, dst, n = self.total_num_heads * d, self.tp_rank * q_rows, 0, q_rows
+        elif shard_id == "k":
+            full, src, dst, n = self.total_num_kv_heads * d, self.kv_head_start * d, q_rows, kv_rows
+        elif shard_id == "v":
+            full, src, n = self.total_num_kv_heads * d, self.kv_head_start * d, kv_rows
+            dst = q_rows + kv_rows
+        else:
+            raise ValueError(f"QKV shard id must be 'q', 'k' or 'v', got {shard_id!r}")
+        self._copy_rows(param, loaded, full, src, dst, n)
+
+
+class RowParallelLinear(nn.Module):
+    """W split by input features; partial products are summed across ranks.
+
+    The bias is replicated and added once, after the all-reduce.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.tp_rank = tp_rank()
+        self.input_size = input_size
+        local = divide(input_size, tp_size(), "input size")
+        self.weight = nn.Parameter(torch.empty(output_size, local))
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = tp_all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        if param is self.bias:
+            check_shape(loaded, param.shape)
+            param.data.copy_(loaded)
+            return
+        n = param.shape[1]
+        check_shape(loaded, (param.shape[0], self.input_size))
+        param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))

@@ -1,0 +1,67 @@
+"""The activation peak of the largest forward, measured before the KV pool is sized.
+
+A dummy prefill of the round's full token budget runs through a temporary KV cache
+just large enough for it; the peak allocation above the weights, plus what the
+sampler needs for its largest batch, is kept free of KV blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_aio.data_plane.host_sync import allow_host_sync
+from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
+from tokenspeed_aio.model.kv_cache import allocate_kv_cache
+
+# Sampler temporaries per row and vocabulary entry: fp32 logits, logprobs, probs,
+# the sorted values and their int64 indices, the noise.
+SAMPLER_BYTES_PER_LOGIT = 28
+
+
+@torch.inference_mode()
+def activation_peak_bytes(
+    model: torch.nn.Module,
+    backend,
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    page_size: int,
+    num_tokens: int,
+    num_sampling_rows: int,
+    vocab_size: int,
+) -> int:
+    blocks = -(-num_tokens // page_size)
+    with allow_host_sync():
+        torch.cuda.synchronize(device)
+        k, v = allocate_kv_cache(
+            num_layers, blocks + 1, page_size, num_kv_heads, head_dim, dtype, device
+        )
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        positions = torch.arange(num_tokens, dtype=torch.int64, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        meta = AttentionMetadata(
+            num_tokens=num_tokens,
+            num_rows=1,
+            max_query_len=num_tokens,
+            max_seq_len=num_tokens,
+            is_decode_only=num_tokens == 1,
+            query_start_loc=torch.tensor([0, num_tokens], **i32),
+            seq_lens=torch.tensor([num_tokens], **i32),
+            context_lens=torch.zeros(1, **i32),
+            block_tables=torch.arange(1, blocks + 1, **i32).view(1, blocks),
+            slot_mapping=positions + page_size,
+            query_lens_host=(num_tokens,),
+            seq_lens_host=(num_tokens,),
+        )
+        hidden = model(positions % vocab_size, positions, ForwardContext(meta, backend, k, v))
+        rows = min(num_sampling_rows, num_tokens)
+        model.compute_logits(hidden[:rows])
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        del k, v, hidden
+        torch.cuda.empty_cache()
+    return peak + num_sampling_rows * vocab_size * SAMPLER_BYTES_PER_LOGIT

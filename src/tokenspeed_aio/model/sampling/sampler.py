@@ -1,0 +1,132 @@
+"""The sampler: logits of the rows that sample -> next tokens (+ logprobs).
+
+Stages, in order (each skipped when the batch's host flags say no row needs it;
+a skipped stage would have left every row unchanged, so skipping never changes
+a result):
+
+1. raw ``log_softmax`` for logprobs (the model's own distribution, as vLLM reports);
+2. repetition, frequency and presence penalties; the min_tokens ban;
+3. greedy rows: argmax;
+4. sampled rows: temperature, top-k / top-p, min-p, then the Gumbel-max draw
+   ``argmax(logits / T + g)``, which picks token i with probability
+   ``softmax(logits / T)[i]``; ``g`` is counter-based Gumbel noise keyed by
+   (seed, output_index, token_id), so a seeded row's token is independent of
+   the batch it runs in and of its row position.
+
+No stage reads the device from the host: the whole call is enqueue-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_aio.model.sampling.batch import SamplingBatch
+from tokenspeed_aio.model.sampling.filters import apply_min_p, apply_top_k_top_p
+from tokenspeed_aio.model.sampling.noise import gumbel_noise
+from tokenspeed_aio.model.sampling.penalties import apply_min_tokens_ban, apply_penalties
+
+# Rows per noise chunk are chosen so one chunk's int64 hash stays near 128 MiB
+# (B=1024 rows of a 128k vocabulary would otherwise need GiBs of temporaries).
+_NOISE_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    """Device tensors of one round's sampling, in row order."""
+
+    tokens: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None  # [B] float32: raw logprob of each sampled token
+    top_ids: torch.Tensor | None  # [B, N] int64, N = batch.max_num_logprobs (None if N <= 0)
+    top_logprobs: torch.Tensor | None  # [B, N] float32, descending
+
+
+def compute_token_logprobs(
+    logprobs_or_logits: torch.Tensor, target_ids: torch.Tensor, num_top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logprob of each target token plus the ``num_top`` best alternatives of each row.
+
+    Accepts raw logits or logprobs ([n, V]): log_softmax is idempotent, so either
+    gives the same answer (up to rounding). Used for prompt logprobs and for the
+    sampled tokens. Returns ([n], [n, num_top] ids, [n, num_top] logprobs).
+    """
+    logprobs = torch.log_softmax(logprobs_or_logits.float(), dim=-1)
+    return _gather_logprobs(logprobs, target_ids, num_top)
+
+
+def _gather_logprobs(
+    logprobs: torch.Tensor, target_ids: torch.Tensor, num_top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    target = logprobs.gather(-1, target_ids.to(torch.int64).unsqueeze(-1)).squeeze(-1)
+    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1)
+    return target, top_ids, top_logprobs
+
+
+class Sampler:
+    """Samples one token per row from ``[B, V]`` float32 logits; see the module docstring.
+
+    Holds only a cache of the token-id ramp the noise hash is keyed by.
+    """
+
+    def __init__(self) -> None:
+        self._token_ids: torch.Tensor | None = None
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1) if batch.max_num_logprobs >= 0 else None
+        if batch.any_penalties:
+            logits = apply_penalties(logits, batch)
+        if batch.any_min_tokens_ban:
+            logits = apply_min_tokens_ban(logits, batch)
+
+        if batch.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, batch)
+            if batch.any_greedy:
+                tokens = torch.where(batch.temperature == 0.0, logits.argmax(dim=-1), tokens)
+
+        if logprobs is None:
+            return SamplerOutput(tokens, None, None, None)
+        sampled, top_ids, top_logprobs = _gather_logprobs(
+            logprobs, tokens, max(batch.max_num_logprobs, 0)
+        )
+        if batch.max_num_logprobs == 0:
+            return SamplerOutput(tokens, sampled, None, None)
+        return SamplerOutput(tokens, sampled, top_ids, top_logprobs)
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        # Greedy rows divide by 1 to stay finite; their token comes from the argmax.
+        temperature = batch.temperature
+        temperature = torch.where(temperature > 0.0, temperature, 1.0).unsqueeze(1)
+        logits = logits / temperature
+        if batch.any_top_k or batch.any_top_p:
+            logits = apply_top_k_top_p(
+                logits,
+                batch.top_k,
+                batch.top_p,
+                max_top_k=batch.max_top_k,
+                use_top_p=batch.any_top_p,
+            )
+        if batch.any_min_p:
+            logits = apply_min_p(logits, batch.min_p)
+        return self._gumbel_argmax(logits, batch)
+
+    def _gumbel_argmax(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        num_rows, vocab_size = logits.shape
+        token_ids = self._token_ids
+        if (
+            token_ids is None
+            or token_ids.numel() != vocab_size
+            or token_ids.device != logits.device
+        ):
+            token_ids = torch.arange(vocab_size, dtype=torch.int64, device=logits.device)
+            self._token_ids = token_ids
+        chunk = max(1, _NOISE_CHUNK_ELEMENTS // vocab_size)
+        parts = []
+        for start in range(0, num_rows, chunk):
+            rows = slice(start, start + chunk)
+            noise = gumbel_noise(batch.seeds[rows], batch.output_indices[rows], token_ids)
+            parts.append(noise.add_(logits[rows]).argmax(dim=-1))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

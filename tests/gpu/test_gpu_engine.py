@@ -1,0 +1,81 @@
+"""The engine on a GPU: exact against transformers in fp32, overlap equals no overlap,
+and the data plane's rules hold (no host sync, no JIT compile while serving)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from engine.conftest import parity_prompts
+
+from tokenspeed_aio.api.engine import AsyncEngine
+from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.args import EngineArgs
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+async def run_all(engine, prompts, params=GREEDY):
+    async def one(ids):
+        last = None
+        async for out in engine.generate(prompt_token_ids=ids, sampling_params=params):
+            last = out
+        return last
+
+    return await asyncio.gather(*(one(p) for p in prompts))
+
+
+@pytest.fixture(autouse=True)
+def strict_data_plane(monkeypatch):
+    monkeypatch.setenv("TOKENSPEED_DATA_PLANE_SYNC_DEBUG", "error")
+    monkeypatch.setenv("TOKENSPEED_JIT_COMPILE_CHECK", "error")
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+async def test_tiny_model_matches_transformers_on_gpu(ckpt, arch, depth):
+    import torch
+    import transformers
+
+    path = ckpt(arch)
+    args = EngineArgs(
+        model=str(path), device="cuda", dtype="float32", max_model_len=1024, in_flight_depth=depth
+    )
+    prompts = parity_prompts()
+    async with await AsyncEngine.start(args) as engine:
+        assert torch.cuda.get_sync_debug_mode() == 2  # armed when serving began
+        outs = await run_all(engine, prompts)
+        await engine.check_idle()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()
+    for ids, out in zip(prompts, outs):
+        ref = model.generate(
+            torch.tensor([ids], device="cuda"),
+            max_new_tokens=16,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(ids) :].tolist()
+        assert out.token_ids == ref, f"prompt of {len(ids)} tokens"
+
+
+async def test_overlap_matches_no_overlap_on_an_8b_shape(tmp_path):
+    from tokenspeed_aio.bench.shapes import write_shape
+
+    path = write_shape("llama-8b", tmp_path)
+    prompts = parity_prompts(vocab=128000, seed=3)
+    tokens = {}
+    for depth in (0, 1):
+        args = EngineArgs(
+            model=str(path),
+            load_format="dummy",
+            dtype="bfloat16",
+            in_flight_depth=depth,
+            max_model_len=4096,
+            max_num_seqs=64,
+            gpu_memory_utilization=0.85,
+        )
+        async with await AsyncEngine.start(args) as engine:
+            outs = await run_all(engine, prompts)
+            tokens[depth] = [o.token_ids for o in outs]
+            await engine.check_idle()
+    assert tokens[0] == tokens[1]

@@ -1,0 +1,96 @@
+"""The torch backend against a per-row reference, on raw tensors (no model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenspeed_aio.model.attention.registry import create_backend
+from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
+from tokenspeed_aio.model.kv_cache import allocate_kv_cache
+
+PAGE, HQ, HKV, D = 4, 4, 2, 8
+
+
+def _reference(q, k, v):
+    """Causal attention of the last len(q) positions over all of k/v ([S, H, D])."""
+    s, n = k.shape[0], q.shape[0]
+    mask = torch.ones(n, s, dtype=torch.bool).tril(diagonal=s - n)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.repeat_interleave(HQ // HKV, 1).transpose(0, 1),
+        v.repeat_interleave(HQ // HKV, 1).transpose(0, 1),
+        attn_mask=mask,
+    )
+    return out.transpose(0, 1).flatten(1)
+
+
+def test_rows_attend_causally_over_cached_prefix_and_padding_writes_nothing():
+    gen = torch.Generator().manual_seed(0)
+    k_caches, v_caches = allocate_kv_cache(1, 16, PAGE, HKV, D, torch.float32, "cpu")
+    # Three rows: a decode over 6 cached tokens, a chunk of 5 after 3 cached, a fresh 7.
+    context, query = [6, 3, 0], [1, 5, 7]
+    tables = [[5, 9, 0], [12, 2, 0], [7, 3, 0]]
+    full_k = [torch.randn(c + q, HKV, D, generator=gen) for c, q in zip(context, query)]
+    full_v = [torch.randn(c + q, HKV, D, generator=gen) for c, q in zip(context, query)]
+    slots = []
+    for row, (c, q) in enumerate(zip(context, query)):
+        for pos in range(c + q):
+            slot = tables[row][pos // PAGE] * PAGE + pos % PAGE
+            if pos < c:  # the cached prefix is already in the cache
+                k_caches[0].view(-1, HKV, D)[slot] = full_k[row][pos]
+                v_caches[0].view(-1, HKV, D)[slot] = full_v[row][pos]
+            else:
+                slots.append(slot)
+    slots.append(-1)  # one padding token at the end: must write nothing
+    num_tokens = sum(query) + 1
+    q = torch.randn(num_tokens, HQ * D, generator=gen)
+    k = torch.cat([fk[c:] for fk, c in zip(full_k, context)] + [torch.full((1, HKV, D), 9.0)])
+    v = torch.cat([fv[c:] for fv, c in zip(full_v, context)] + [torch.full((1, HKV, D), 9.0)])
+    seq_lens = [c + n for c, n in zip(context, query)]
+    attn = AttentionMetadata(
+        num_tokens=num_tokens,
+        num_rows=3,
+        max_query_len=max(query),
+        max_seq_len=max(seq_lens),
+        is_decode_only=False,
+        query_start_loc=torch.tensor([0, 1, 6, 13], dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        context_lens=torch.tensor(context, dtype=torch.int32),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots),
+        query_lens_host=tuple(query),
+        seq_lens_host=tuple(seq_lens),
+    )
+    backend = create_backend("torch")
+    ctx = ForwardContext(attn, backend, k_caches, v_caches)
+    out = backend.forward(q, k.flatten(1), v.flatten(1), 0, ctx)
+
+    assert out.shape == (num_tokens, HQ * D)
+    assert k_caches[0][0].abs().sum() == 0 and v_caches[0][0].abs().sum() == 0  # null block
+    starts = [0, 1, 6]
+    for row, (s, n) in enumerate(zip(starts, query)):
+        want = _reference(q[s : s + n].view(n, HQ, D), full_k[row], full_v[row])
+        torch.testing.assert_close(out[s : s + n], want, atol=1e-5, rtol=1e-5)
+
+
+def test_backends_ignore_construction_hints_they_do_not_need():
+    backend = create_backend("torch", max_model_len=4096)
+    assert backend.name == "torch" and not backend.supports_cuda_graphs
+
+
+def test_unknown_backend_names_the_available_ones():
+    with pytest.raises(ValueError, match=r"unknown attention backend 'nope'.*torch"):
+        create_backend("nope")
+
+
+def test_backend_with_missing_dependency_fails_clearly(monkeypatch):
+    from tokenspeed_aio.model.attention import registry
+
+    def factory():
+        raise ImportError("No module named 'flashinfer'")
+
+    monkeypatch.setitem(registry._FACTORIES, "flashinfer", factory)
+    with pytest.raises(ValueError, match=r"'flashinfer' is unavailable.*No module named"):
+        create_backend("flashinfer")
