@@ -27,6 +27,9 @@ class EngineArgs:
     seed: int = 0  # dummy weights' seed
     tp: int = 1
     dp: int = 1
+    nnodes: int = 1  # machines the ranks span
+    node_rank: int = 0  # this machine's index; node 0 runs the frontend
+    dist_init_addr: str | None = None  # HOST:PORT on node 0 every node reaches (nnodes > 1)
     page_size: int = 16
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     max_num_seqs: int = 256
@@ -66,6 +69,19 @@ class EngineArgs:
         )
         check(self.tp >= 1, "tp", "must be >= 1")
         check(self.dp >= 1, "dp", "must be >= 1")
+        check(self.nnodes >= 1, "nnodes", "must be >= 1")
+        check(0 <= self.node_rank < self.nnodes, "node_rank", f"must be in [0, {self.nnodes})")
+        check(
+            (self.tp * self.dp) % self.nnodes == 0,
+            "nnodes",
+            f"must divide the {self.tp * self.dp} ranks (tp * dp)",
+        )
+        if self.nnodes > 1:
+            check(
+                self.dist_init_addr is not None and ":" in self.dist_init_addr,
+                "dist_init_addr",
+                "HOST:PORT of node 0 is required when nnodes > 1",
+            )
         check(
             self.page_size >= 1 and self.page_size & (self.page_size - 1) == 0,
             "page_size",
@@ -95,6 +111,12 @@ class EngineArgs:
     @property
     def world_size(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def local_ranks(self) -> range:
+        """The global ranks this node runs."""
+        per_node = self.world_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
     def replace(self, **changes) -> EngineArgs:
         return dataclasses.replace(self, **changes)

@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 
 from tokenspeed_aio.args import EngineArgs
-from tokenspeed_aio.launcher import Launcher, ShutdownLatch
+from tokenspeed_aio.launcher import Launcher, RankFailure, ShutdownLatch
 from tokenspeed_aio.rank_process import RankLaunch
 from tokenspeed_aio.wire.messages import EngineRegistration, StopEngine
 from tokenspeed_aio.wire.zmq_client import Endpoints, ZmqEngineClient
@@ -49,20 +49,61 @@ class EngineProcesses:
         await self.client.close()
 
 
+def rank_launches(args: EngineArgs, log_level: str) -> tuple[Endpoints, list[RankLaunch]]:
+    """This node's ranks. One node: IPC sockets and free local ports. Several: node 0's
+    dist_init_addr PORT serves the mesh rendezvous, PORT+1/+2 the frontend's sockets,
+    PORT+3+i replica i's torch.distributed rendezvous."""
+    if args.nnodes > 1:
+        host, port = args.dist_init_addr.rsplit(":", 1)
+        base = int(port)
+        endpoints = Endpoints.tcp(host, base + 1, base + 2)
+        mesh: tuple | str = args.dist_init_addr
+        tp_inits = tuple(f"tcp://{host}:{base + 3 + i}" for i in range(args.dp))
+    else:
+        endpoints = Endpoints.local()
+        ports = free_ports(args.world_size + args.dp)
+        mesh = tuple(("127.0.0.1", p) for p in ports[: args.world_size])
+        tp_inits = tuple(f"tcp://127.0.0.1:{p}" for p in ports[args.world_size :])
+    first = args.local_ranks.start
+    launches = [
+        RankLaunch(
+            args, r, endpoints, mesh, tp_inits, local_device_index=r - first, log_level=log_level
+        )
+        for r in args.local_ranks
+    ]
+    return endpoints, launches
+
+
+async def run_headless_node(args: EngineArgs, latch: ShutdownLatch, log_level: str) -> int:
+    """A node > 0: run this node's ranks (their owners dial node 0's frontend) until they
+    exit or a signal; non-zero when a rank failed."""
+    _, launches = rank_launches(args, log_level)
+    launcher = Launcher(launches, latch)
+    launcher.start()
+    try:
+        await launcher.wait_ready()
+        exited = asyncio.ensure_future(launcher.watch())
+        stop = asyncio.ensure_future(latch.requested.wait())
+        await asyncio.wait({exited, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if exited.done():
+            logger.error("%s", exited.result())
+        else:
+            exited.cancel()
+    except RankFailure as err:
+        logger.error("%s", err)
+    finally:
+        await launcher.shutdown(grace=2.0)
+    return 0 if all(code == 0 for code in launcher.exit_codes()) else 1
+
+
 async def start_engine_processes(
     args: EngineArgs, *, log_level: str = "INFO", latch: ShutdownLatch | None = None
 ) -> EngineProcesses:
-    """Start every rank, then wait for readiness and the replicas' registrations
-    together; any rank failure tears the whole tree down and raises RankFailure."""
-    endpoints = Endpoints.local()
+    """Start this node's ranks, then wait for readiness and every replica's registration
+    together; any rank failure tears the tree down and raises RankFailure."""
+    endpoints, launches = rank_launches(args, log_level)
     client = ZmqEngineClient(endpoints, args.dp)
-    ports = free_ports(args.world_size + args.dp)
-    mesh = tuple(("127.0.0.1", p) for p in ports[: args.world_size])
-    tp_inits = tuple(f"tcp://127.0.0.1:{p}" for p in ports[args.world_size :])
-    launches = [
-        RankLaunch(args, r, endpoints, mesh, tp_inits, local_device_index=r, log_level=log_level)
-        for r in range(args.world_size)
-    ]
     launcher = Launcher(launches, latch)
     launcher.start()
     registrations = asyncio.ensure_future(client.accept_registrations())

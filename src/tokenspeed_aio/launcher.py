@@ -8,18 +8,25 @@ ownership").
 * Failure, termination and constructor-error cleanup share one shutdown latch; once
   cleanup started, later notifications cannot interrupt it.
 * Signal callbacks only set a flag; cleanup runs outside the callback.
+
+Ranks are fresh interpreters (``python -m tokenspeed_aio.rank_process``), not
+multiprocessing children: they never re-import the embedding program's main module.
+Each gets its launch spec on stdin and a ready channel (a pipe) as an inherited fd.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import multiprocessing as mp
+import os
+import pickle
 import signal
+import subprocess
+import sys
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 
-from tokenspeed_aio.rank_process import RankLaunch, rank_main
+from tokenspeed_aio.rank_process import RankLaunch
 
 logger = logging.getLogger(__name__)
 
@@ -56,95 +63,105 @@ class ShutdownLatch:
             loop.add_signal_handler(sig, self.request, signal.Signals(sig).name)
 
 
+class _Rank:
+    """One rank process, its ready channel, and an fd that becomes readable at its exit."""
+
+    def __init__(self, launch: RankLaunch) -> None:
+        self.launch = launch
+        read_fd, write_fd = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenspeed_aio.rank_process", str(write_fd)],
+            stdin=subprocess.PIPE,
+            pass_fds=(write_fd,),
+            start_new_session=False,
+        )
+        os.close(write_fd)
+        self.proc.stdin.write(pickle.dumps(launch))
+        self.proc.stdin.close()
+        self.ready = os.fdopen(read_fd, "rb", buffering=0)
+        self.exited_fd = os.pidfd_open(self.proc.pid)
+        self._buffer = b""
+
+    def read_reports(self) -> list[dict] | None:
+        """Reports now readable on the channel; None at EOF."""
+        chunk = self.ready.read(65536)
+        if not chunk:
+            return None
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [json.loads(line) for line in lines if line]
+
+    def close(self) -> None:
+        self.ready.close()
+        os.close(self.exited_fd)
+
+
 class Launcher:
     def __init__(self, launches: Sequence[RankLaunch], latch: ShutdownLatch | None = None) -> None:
         self.launches = list(launches)
         self.latch = latch or ShutdownLatch()
-        self._ctx = mp.get_context("spawn")
-        self.processes: list[mp.process.BaseProcess] = []
-        self._ready: list[Connection] = []
-        self.failure: str | None = None
+        self.ranks: list[_Rank] = []
 
     def start(self) -> None:
         """Start every rank before waiting for any."""
-        for launch in self.launches:
-            parent, child = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(
-                target=rank_main, args=(launch, child), name=f"ts-rank-{launch.rank}", daemon=False
-            )
-            proc.start()
-            child.close()
-            self.processes.append(proc)
-            self._ready.append(parent)
+        self.ranks = [_Rank(launch) for launch in self.launches]
 
     async def wait_ready(self) -> None:
         """Wait until every rank reported ready; raise RankFailure on the first failure
         report, on EOF of any channel before all reported, or on a rank's exit."""
         loop = asyncio.get_running_loop()
-        pending = set(range(len(self.processes)))
-        events: asyncio.Queue[tuple[int, str, object]] = asyncio.Queue()
-        for i, (proc, conn) in enumerate(zip(self.processes, self._ready)):
-            loop.add_reader(conn.fileno(), self._on_ready_channel, i, conn, events)
-            loop.add_reader(proc.sentinel, events.put_nowait, (i, "exit", None))
+        events: asyncio.Queue[tuple[int, str, str | None]] = asyncio.Queue()
+        pending = set(range(len(self.ranks)))
+        for i, rank in enumerate(self.ranks):
+            loop.add_reader(rank.ready.fileno(), self._on_channel, i, events)
+            loop.add_reader(rank.exited_fd, events.put_nowait, (i, "exit", None))
         try:
             while pending:
                 i, kind, value = await events.get()
                 if kind == "ready":
                     pending.discard(i)
                     continue
-                rank = self.launches[i].rank
-                if kind != "failed":  # an exit or EOF: prefer the rank's own report
-                    value = self._late_report(i) or value
-                    kind = "failed" if value else kind
+                rank_id = self.launches[i].rank
                 if kind == "failed":
-                    raise RankFailure(f"rank {rank} failed at startup: {value}")
+                    raise RankFailure(f"rank {rank_id} failed at startup: {value}")
                 if kind == "eof":
                     raise RankFailure(
-                        f"rank {rank} closed its ready channel before all ranks were ready"
+                        f"rank {rank_id} closed its ready channel before all ranks were ready"
                     )
-                await asyncio.to_thread(self.processes[i].join, 1.0)
-                code = self.processes[i].exitcode
-                raise RankFailure(f"rank {rank} exited with code {code} during startup")
+                code = await asyncio.to_thread(self.ranks[i].proc.wait)
+                raise RankFailure(f"rank {rank_id} exited with code {code} during startup")
         finally:
-            for proc, conn in zip(self.processes, self._ready):
-                loop.remove_reader(conn.fileno())
-                loop.remove_reader(proc.sentinel)
+            for rank in self.ranks:
+                loop.remove_reader(rank.ready.fileno())
+                loop.remove_reader(rank.exited_fd)
 
-    def _late_report(self, i: int) -> str | None:
-        """A failure report that was written just before the rank exited."""
-        conn = self._ready[i]
-        try:
-            if conn.poll(0.5):
-                kind, value = conn.recv()
-                return value if kind == "failed" else None
-        except (EOFError, OSError):
-            return None
-        return None
-
-    @staticmethod
-    def _on_ready_channel(i: int, conn: Connection, events: asyncio.Queue) -> None:
-        try:
-            kind, value = conn.recv()
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(conn.fileno())
+    def _on_channel(self, i: int, events: asyncio.Queue) -> None:
+        reports = self.ranks[i].read_reports()
+        if reports is None:
+            asyncio.get_running_loop().remove_reader(self.ranks[i].ready.fileno())
             events.put_nowait((i, "eof", None))
             return
-        events.put_nowait((i, kind, value))
+        for report in reports:
+            events.put_nowait((i, report["kind"], report.get("value")))
 
     async def watch(self) -> str:
-        """After startup: return a description of the first rank that exits."""
+        """After startup: describe the first rank that exits."""
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[int] = loop.create_future()
-        for i, proc in enumerate(self.processes):
-            loop.add_reader(proc.sentinel, lambda i=i: exited.done() or exited.set_result(i))
+
+        def on_exit(i: int) -> None:
+            if not exited.done():
+                exited.set_result(i)
+
+        for i, rank in enumerate(self.ranks):
+            loop.add_reader(rank.exited_fd, on_exit, i)
         try:
             i = await exited
         finally:
-            for proc in self.processes:
-                loop.remove_reader(proc.sentinel)
-        proc = self.processes[i]
-        await asyncio.to_thread(proc.join, 1.0)
-        return f"rank {self.launches[i].rank} exited with code {proc.exitcode}"
+            for rank in self.ranks:
+                loop.remove_reader(rank.exited_fd)
+        code = await asyncio.to_thread(self.ranks[i].proc.wait)
+        return f"rank {self.launches[i].rank} exited with code {code}"
 
     async def shutdown(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
         """Stop the whole process tree (idempotent: the latch runs cleanup once).
@@ -153,20 +170,28 @@ class Launcher:
         exit on their own; the rest are terminated, then killed."""
         if not self.latch.begin_cleanup():
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        for proc in self.processes:
-            await asyncio.to_thread(proc.join, max(0.0, deadline - loop.time()))
-        for proc in self.processes:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in self.processes:
-            await asyncio.to_thread(proc.join, 2.0)
-            if proc.is_alive():
-                proc.kill()
-                await asyncio.to_thread(proc.join, 2.0)
-        for conn in self._ready:
-            conn.close()
+        await asyncio.to_thread(self._reap, grace)
+        for rank in self.ranks:
+            rank.close()
+
+    def _reap(self, grace: float) -> None:
+        for rank in self.ranks:
+            try:
+                rank.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                break
+        for signal_fn in (subprocess.Popen.terminate, subprocess.Popen.kill):
+            alive = [r for r in self.ranks if r.proc.poll() is None]
+            for rank in alive:
+                signal_fn(rank.proc)
+            for rank in alive:
+                try:
+                    rank.proc.wait(2.0)
+                except subprocess.TimeoutExpired:
+                    continue
 
     def exit_codes(self) -> list[int | None]:
-        return [p.exitcode for p in self.processes]
+        return [r.proc.poll() for r in self.ranks]
+
+    def pids(self) -> list[int]:
+        return [r.proc.pid for r in self.ranks]

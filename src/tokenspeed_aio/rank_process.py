@@ -9,12 +9,14 @@ rank that was stopped returns normally.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import pickle
 import signal
+import sys
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.wire.zmq_client import Endpoints
@@ -27,24 +29,23 @@ class RankLaunch:
     args: EngineArgs
     rank: int  # global rank of this node's engine
     endpoints: Endpoints  # the frontend's sockets (replica owners dial them)
-    mesh_addresses: tuple[tuple[str, int], ...]  # every rank's (host, port) for the TCP mesh
+    # Every rank's (host, port) for the TCP mesh, or "HOST:PORT" of its rendezvous.
+    mesh_addresses: tuple[tuple[str, int], ...] | str
     tp_init_methods: tuple[str, ...]  # torch.distributed rendezvous, one per replica
     local_device_index: int = 0
     log_level: str = "INFO"
 
 
-def rank_main(launch: RankLaunch, ready: Connection) -> None:
+def rank_main(launch: RankLaunch, ready_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend orchestrates shutdown
     logging.basicConfig(
         level=launch.log_level.upper(),
         format=f"%(asctime)s rank{launch.rank} %(levelname)s %(name)s: %(message)s",
     )
-    reported = False
+    ready = os.fdopen(ready_fd, "wb", buffering=0)
 
     def report(kind: str, value: str | None = None) -> None:
-        nonlocal reported
-        reported = kind == "ready"
-        ready.send((kind, value))
+        ready.write(json.dumps({"kind": kind, "value": value}).encode() + b"\n")
 
     try:
         _run(launch, report)
@@ -68,7 +69,7 @@ def _run(launch: RankLaunch, report) -> None:
 
 
 async def _serve(launch: RankLaunch, report) -> None:
-    from tokenspeed_aio.collective import Mesh, Ranks
+    from tokenspeed_aio.collective import Mesh, Ranks, Rendezvous
     from tokenspeed_aio.control.faults import FaultInjector
     from tokenspeed_aio.data_plane.specs import RankInfo
     from tokenspeed_aio.rank import EngineRank
@@ -79,7 +80,9 @@ async def _serve(launch: RankLaunch, report) -> None:
     ranks = Ranks.build(launch.rank, args.world_size, args.tp, args.dp)
     mesh = None
     if args.world_size > 1:
-        mesh = await Mesh.connect(launch.rank, args.world_size, list(launch.mesh_addresses))
+        peers = launch.mesh_addresses
+        peers = Rendezvous.parse(peers) if isinstance(peers, str) else list(peers)
+        mesh = await Mesh.connect(launch.rank, args.world_size, peers)
     owner = ranks.tp_rank == 0
     transport = (
         ZmqTransport(launch.endpoints.input, launch.endpoints.output, ranks.dp_rank)
@@ -129,3 +132,7 @@ async def _serve(launch: RankLaunch, report) -> None:
             await transport.close()
         if mesh is not None:
             await mesh.close()
+
+
+if __name__ == "__main__":
+    rank_main(pickle.loads(sys.stdin.buffer.read()), int(sys.argv[1]))

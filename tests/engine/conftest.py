@@ -4,25 +4,9 @@ import contextlib
 import random
 
 import pytest
-from helpers.reference import checkpoint_path
 
 from tokenspeed_aio.api.engine import AsyncEngine
 from tokenspeed_aio.args import EngineArgs
-
-
-@pytest.fixture(scope="session")
-def ckpt_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("checkpoints")
-
-
-@pytest.fixture(scope="session")
-def ckpt(ckpt_root):
-    """ckpt(arch, **overrides) -> path of a tiny random checkpoint (cached per session)."""
-
-    def make(arch: str = "llama", **kw):
-        return checkpoint_path(ckpt_root, arch, **kw)
-
-    return make
 
 
 @pytest.fixture

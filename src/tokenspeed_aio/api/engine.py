@@ -74,12 +74,22 @@ class _LocalRank:
 
 
 class _RemoteRanks:
-    """Rank processes behind the ZMQ wire; their state is seen through load reports."""
+    """Rank processes behind the ZMQ wire; their state is seen through load reports.
+    A rank that exits fails every request at once (the frontend never hangs on it)."""
 
     def __init__(self, processes) -> None:
         self.processes = processes
         self.connection = processes.client
         self.max_model_len = processes.max_model_len
+        self._watch: asyncio.Task | None = None
+
+    def supervise(self, frontend: Frontend) -> None:
+        def rank_exited(task: asyncio.Task) -> None:
+            if not task.cancelled():
+                frontend.fail_all(EngineDeadError(f"the engine died: {task.result()}"))
+
+        self._watch = asyncio.create_task(self.processes.launcher.watch(), name="ts-rank-watch")
+        self._watch.add_done_callback(rank_exited)
 
     def idle(self, frontend: Frontend) -> bool:
         loads = [frontend.loads.get(r) for r in range(frontend.num_replicas)]
@@ -94,6 +104,8 @@ class _RemoteRanks:
             raise AssertionError(f"the replicas are not idle: {frontend.loads}")
 
     async def stop(self) -> None:
+        self._watch.cancel()
+        await asyncio.gather(self._watch, return_exceptions=True)
         await self.processes.stop()
 
 
@@ -127,6 +139,8 @@ class AsyncEngine:
             max_model_len=backend.max_model_len,
             num_replicas=args.dp,
         )
+        if isinstance(backend, _RemoteRanks):
+            backend.supervise(frontend)  # in-process, the task's end reaches it by the wire
         return cls(args, frontend, backend)
 
     async def __aenter__(self) -> AsyncEngine:

@@ -46,6 +46,10 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     args = args.replace(model=str(model_path), served_model_name=name)
     latch = ShutdownLatch()
     latch.install_signal_handlers()
+    if args.node_rank > 0:
+        from tokenspeed_aio.engine_processes import run_headless_node
+
+        return await run_headless_node(args, latch, ns.log_level)
     tokenizer = await asyncio.to_thread(Tokenizer, args.tokenizer or model_path, args.chat_template)
     starting = asyncio.ensure_future(
         start_engine_processes(args, log_level=ns.log_level, latch=latch)

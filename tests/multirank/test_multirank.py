@@ -1,0 +1,211 @@
+"""Several rank processes: tensor parallelism over gloo, attention data parallelism,
+and faults -- a killed rank and a rank-local error -- that end everything, promptly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from engine.conftest import parity_prompts
+from helpers.reference import hf_greedy
+
+from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+from tokenspeed_aio.api.errors import EngineDeadError
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+SMALL = dict(max_model_len=512, page_size=4, num_kv_blocks=256, max_num_seqs=16)
+
+
+async def run_all(engine, prompts, params=GREEDY):
+    async def one(ids):
+        last = None
+        async for out in engine.generate(prompt_token_ids=ids, sampling_params=params):
+            last = out
+        return last
+
+    return await asyncio.gather(*(one(p) for p in prompts))
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+async def test_tp2_matches_transformers(ckpt, kv_heads):
+    path = ckpt("qwen3", num_key_value_heads=kv_heads)
+    prompts = parity_prompts()
+    async with await AsyncEngine.start(EngineArgs(model=str(path), tp=2, **SMALL)) as engine:
+        outs = await run_all(engine, prompts)
+        await engine.check_idle()
+    for ids, out in zip(prompts, outs):
+        assert out.token_ids == hf_greedy(str(path), tuple(ids), 8)[0], len(ids)
+
+
+async def test_dp2_serves_on_both_replicas(ckpt):
+    path = ckpt("llama")
+    prompts = parity_prompts(seed=5)
+    peaks: dict[int, int] = {}
+    async with await AsyncEngine.start(EngineArgs(model=str(path), dp=2, **SMALL)) as engine:
+
+        async def watch():
+            while True:
+                for replica, (load, _) in engine.frontend.loads.items():
+                    peaks[replica] = max(peaks.get(replica, 0), load.running)
+                await asyncio.sleep(0.002)
+
+        watcher = asyncio.create_task(watch())
+        outs = await run_all(engine, prompts)
+        watcher.cancel()
+        await engine.check_idle()
+    assert peaks.get(0, 0) > 0 and peaks.get(1, 0) > 0, peaks
+    for ids, out in zip(prompts, outs):
+        assert out.token_ids == hf_greedy(str(path), tuple(ids), 8)[0]
+
+
+async def test_rank_local_error_fails_every_rank_together(ckpt, monkeypatch, capfd):
+    monkeypatch.setenv("TOKENSPEED_INJECT_FAULT", "rank=1,round=3")
+    path = ckpt("llama")
+    engine = await AsyncEngine.start(EngineArgs(model=str(path), tp=2, **SMALL))
+    try:
+        with pytest.raises(EngineDeadError):
+            await run_all(engine, parity_prompts()[:2], SamplingParams(max_tokens=50))
+        launcher = engine._backend.processes.launcher
+        deadline = time.monotonic() + 10
+        while None in launcher.exit_codes() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert all(code not in (0, None) for code in launcher.exit_codes())
+    finally:
+        await engine.shutdown()
+    log = capfd.readouterr().err
+    for rank in (0, 1):  # each rank failed with the injected rank's message
+        failure = next(line for line in log.splitlines() if f"rank {rank} failed:" in line)
+        assert "injected fault on rank 1 in round 3" in failure, failure
+
+
+def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
+    """The server watches its ranks: one killed mid-serving ends the whole tree fast."""
+    path = ckpt("llama")
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tokenspeed_aio",
+            "serve",
+            str(path),
+            "--tp",
+            "2",
+            "--port",
+            str(port),
+            "--num-kv-blocks",
+            "128",
+            "--page-size",
+            "4",
+            "--max-model-len",
+            "512",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        ranks = _wait_for_ranks(server, port, 2, timeout=60)
+        os.kill(ranks[1].pid, signal.SIGKILL)
+        start = time.monotonic()
+        code = server.wait(timeout=15)
+        assert code != 0
+        assert time.monotonic() - start < 10
+        gone, alive = psutil.wait_procs(ranks, timeout=5)
+        assert not alive, f"orphan rank processes: {alive}"
+    finally:
+        if server.poll() is None:
+            server.kill()
+        log.close()
+    assert "rank 1 exited" in (tmp_path / "serve.log").read_text()
+
+
+def _wait_for_ranks(
+    server: subprocess.Popen, port: int, n: int, timeout: float
+) -> list[psutil.Process]:
+    """The server's rank processes, once it answers on its port."""
+    deadline = time.monotonic() + timeout
+    parent = psutil.Process(server.pid)
+    while time.monotonic() < deadline:
+        ranks = [p for p in parent.children() if "rank_process" in " ".join(p.cmdline())]
+        if len(ranks) == n and _port_open(port):
+            return ranks
+        assert server.poll() is None, "the server exited during startup"
+        time.sleep(0.2)
+    raise AssertionError("the ranks did not start")
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_form_one_engine(ckpt, tmp_path):
+    """--nnodes 2: node 1's rank dials node 0's rendezvous and frontend over TCP."""
+    import httpx
+
+    path = ckpt("llama")
+    port, base = _free_port(), _free_port()
+    common = [
+        sys.executable,
+        "-m",
+        "tokenspeed_aio",
+        "serve",
+        str(path),
+        "--tp",
+        "2",
+        "--nnodes",
+        "2",
+        "--dist-init-addr",
+        f"127.0.0.1:{base}",
+        "--num-kv-blocks",
+        "128",
+        "--page-size",
+        "4",
+        "--max-model-len",
+        "512",
+    ]
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            common + ["--node-rank", "0", "--port", str(port)],
+            stdout=logs[0],
+            stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(common + ["--node-rank", "1"], stdout=logs[1], stderr=subprocess.STDOUT),
+    ]
+    try:
+        for node in nodes:
+            _wait_for_ranks(node, port, 1, timeout=60)
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": path.name, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0},
+            timeout=30,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["finish_reason"] == "length"
+        nodes[0].send_signal(signal.SIGTERM)
+        assert nodes[0].wait(timeout=20) == 0
+        nodes[1].wait(timeout=20)  # its rank saw the frontend go and stopped
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+        for log in logs:
+            log.close()
