@@ -4,6 +4,7 @@ and faults -- a killed rank and a rank-local error -- that end everything, promp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -88,7 +89,7 @@ def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
     """The server watches its ranks: one killed mid-serving ends the whole tree fast."""
     path = ckpt("llama")
     port = _free_port()
-    log = open(tmp_path / "serve.log", "w")
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 -- closed in the finally
     server = subprocess.Popen(
         [
             sys.executable,
@@ -117,7 +118,7 @@ def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
         code = server.wait(timeout=15)
         assert code != 0
         assert time.monotonic() - start < 10
-        gone, alive = psutil.wait_procs(ranks, timeout=5)
+        _, alive = psutil.wait_procs(ranks, timeout=5)
         assert not alive, f"orphan rank processes: {alive}"
     finally:
         if server.poll() is None:
@@ -163,34 +164,17 @@ def test_two_nodes_form_one_engine(ckpt, tmp_path):
     path = ckpt("llama")
     port, base = _free_port(), _free_port()
     common = [
-        sys.executable,
-        "-m",
-        "tokenspeed_aio",
-        "serve",
-        str(path),
-        "--tp",
-        "2",
-        "--nnodes",
-        "2",
-        "--dist-init-addr",
-        f"127.0.0.1:{base}",
-        "--num-kv-blocks",
-        "128",
-        "--page-size",
-        "4",
-        "--max-model-len",
-        "512",
+        *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--tp", "2"),
+        *("--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{base}"),
+        *("--num-kv-blocks", "128", "--page-size", "4", "--max-model-len", "512"),
     ]
-    logs = [open(tmp_path / f"node{i}.log", "w") for i in (0, 1)]
-    nodes = [
-        subprocess.Popen(
-            common + ["--node-rank", "0", "--port", str(port)],
-            stdout=logs[0],
-            stderr=subprocess.STDOUT,
-        ),
-        subprocess.Popen(common + ["--node-rank", "1"], stdout=logs[1], stderr=subprocess.STDOUT),
-    ]
-    try:
+    roles = [["--node-rank", "0", "--port", str(port)], ["--node-rank", "1"]]
+    with contextlib.ExitStack() as stack:
+        nodes = []
+        for i, role in enumerate(roles):
+            log = stack.enter_context(open(tmp_path / f"node{i}.log", "w"))
+            nodes.append(subprocess.Popen(common + role, stdout=log, stderr=subprocess.STDOUT))
+            stack.callback(_kill_if_running, nodes[-1])
         for node in nodes:
             _wait_for_ranks(node, port, 1, timeout=60)
         reply = httpx.post(
@@ -203,9 +187,8 @@ def test_two_nodes_form_one_engine(ckpt, tmp_path):
         nodes[0].send_signal(signal.SIGTERM)
         assert nodes[0].wait(timeout=20) == 0
         nodes[1].wait(timeout=20)  # its rank saw the frontend go and stopped
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-        for log in logs:
-            log.close()
+
+
+def _kill_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
