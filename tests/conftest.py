@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -22,3 +23,28 @@ def ckpt(tmp_path_factory):
         return checkpoint_path(root, arch, **kw)
 
     return make
+
+
+@pytest.fixture
+async def start_engine():
+    """Start engines for a test; each is leak-checked and shut down at teardown."""
+    engines = []
+
+    from tokenspeed_aio.api.engine import AsyncEngine
+    from tokenspeed_aio.args import EngineArgs
+
+    async def start(model, **kw) -> AsyncEngine:
+        defaults = dict(max_model_len=1024, page_size=4, num_kv_blocks=512, max_num_seqs=32)
+        defaults.update(kw)
+        engine = await AsyncEngine.start(EngineArgs(model=str(model), **defaults))
+        engines.append(engine)
+        return engine
+
+    yield start
+    try:
+        for engine in engines:
+            await engine.check_idle()
+    finally:
+        for engine in engines:
+            with contextlib.suppress(Exception):
+                await engine.shutdown()

@@ -16,7 +16,8 @@ TORCH_FREE = [
     "tokenspeed_aio.wire",
     "tokenspeed_aio.api",
     "tokenspeed_aio.api.engine",
-    "tokenspeed_aio.server.tokenizer",
+    "tokenspeed_aio.server",
+    "tokenspeed_aio.client",
 ]
 
 

@@ -77,6 +77,7 @@ def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tokenspeed_aio")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("bench", help="run a benchmark workload (see `bench --help`)", add_help=False)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     serve.add_argument("model_pos", nargs="?", metavar="MODEL", help="same as --model")
     server = serve.add_argument_group("server")
@@ -99,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # the bench subcommand owns its flags
+        from tokenspeed_aio.bench import bench_main
+
+        return bench_main(argv[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:

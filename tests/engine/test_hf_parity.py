@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine.conftest import parity_prompts
+from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
 from tokenspeed_aio.api.sampling_params import SamplingParams

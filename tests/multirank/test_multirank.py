@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from engine.conftest import parity_prompts
+from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams

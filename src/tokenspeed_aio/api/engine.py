@@ -58,6 +58,7 @@ class _LocalRank:
         self.task = asyncio.create_task(rank.serve(), name="ts-engine-rank")
         self.task.add_done_callback(self.connection.engine_stopped)
         self.max_model_len = rank.specs.max_model_len
+        self.vocab_size = rank.specs.vocab_size
 
     def idle(self, frontend: Frontend) -> bool:
         return self.rank.loop.idle()
@@ -81,6 +82,7 @@ class _RemoteRanks:
         self.processes = processes
         self.connection = processes.client
         self.max_model_len = processes.max_model_len
+        self.vocab_size = processes.registrations[0].vocab_size
         self._watch: asyncio.Task | None = None
 
     def supervise(self, frontend: Frontend) -> None:
@@ -137,6 +139,7 @@ class AsyncEngine:
             tokenizer,
             backend.connection,
             max_model_len=backend.max_model_len,
+            vocab_size=backend.vocab_size,
             num_replicas=args.dp,
         )
         if isinstance(backend, _RemoteRanks):

@@ -64,6 +64,7 @@ class RequestStream:
         "params",
         "prompt_logprobs",
         "queue",
+        "queue_seconds",
         "replica",
         "rid",
         "sent",
@@ -87,8 +88,38 @@ class RequestStream:
         self.num_prompt_tokens = 0  # these three arrive with the first output
         self.num_cached_tokens = 0
         self.prompt_logprobs = None
+        self.queue_seconds = 0.0
         self.finished = False
         self.queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
+
+    def finish_aborted(self) -> None:
+        self.finished = True
+        self.queue.put_nowait(self._output(self.text[: self.sent], "", True, "abort", None, []))
+
+    def _output(
+        self,
+        text: str,
+        delta: str,
+        finished: bool,
+        reason: str | None,
+        stop_reason: int | str | None,
+        delta_ids: list[int],
+    ) -> RequestOutput:
+        return RequestOutput(
+            rid=self.rid,
+            token_ids=list(self.token_ids),
+            text=text,
+            delta_text=delta,
+            finished=finished,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            prompt_logprobs=self.prompt_logprobs,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+            queue_seconds=self.queue_seconds,
+            delta_token_ids=delta_ids,
+        )
 
     def process(self, out: TokenOutput) -> bool:
         """Apply one engine output; True when a stop string ended the request here
@@ -101,6 +132,7 @@ class RequestStream:
             self.num_prompt_tokens = out.num_prompt_tokens
             self.num_cached_tokens = out.num_cached_tokens
             self.prompt_logprobs = out.prompt_logprobs
+            self.queue_seconds = out.queue_seconds
         self.token_ids.extend(out.token_ids)
         if out.logprobs is not None and self.logprobs is not None:
             self.logprobs.extend(out.logprobs)
@@ -121,20 +153,7 @@ class RequestStream:
         self.sent = max(self.sent, visible)
         self.finished = finished
         self.queue.put_nowait(
-            RequestOutput(
-                rid=self.rid,
-                token_ids=list(self.token_ids),
-                text=self.text[:visible],
-                delta_text=delta,
-                finished=finished,
-                finish_reason=reason,
-                stop_reason=stop_reason,
-                logprobs=list(self.logprobs) if self.logprobs is not None else None,
-                prompt_logprobs=self.prompt_logprobs,
-                num_prompt_tokens=self.num_prompt_tokens,
-                num_cached_tokens=self.num_cached_tokens,
-                delta_token_ids=out.token_ids,
-            )
+            self._output(self.text[:visible], delta, finished, reason, stop_reason, out.token_ids)
         )
         return stopped_here
 
@@ -146,11 +165,13 @@ class Frontend:
         connection: EngineConnection,
         *,
         max_model_len: int,
+        vocab_size: int,
         num_replicas: int = 1,
     ) -> None:
         self.tokenizer = tokenizer
         self.connection = connection
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size  # the model's (the engine checks it too)
         self.num_replicas = num_replicas
         self.streams: dict[str, RequestStream] = {}
         self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
@@ -207,6 +228,13 @@ class Frontend:
             )
         if not ids:
             raise InvalidRequestError("prompt: the prompt is empty", param="prompt")
+        for name, values in (("prompt", ids), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in values if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                    param=name,
+                )
         want = len(ids) + (params.max_tokens or 1)
         if want > self.max_model_len:
             raise InvalidRequestError(
@@ -232,9 +260,14 @@ class Frontend:
         return stream
 
     def abort(self, rid: str) -> None:
+        """End a request from outside its consumer: the stream gets a final ``abort``
+        output, the engine an AbortRequest (which frees its blocks)."""
         stream = self.streams.pop(rid, None)
-        if stream is not None and self.dead is None:
-            stream.finished = True
+        if stream is None:
+            return
+        if not stream.finished:
+            stream.finish_aborted()
+        if self.dead is None:
             self.connection.send(AbortRequest(rid), stream.replica)
 
     def route(self) -> int:

@@ -20,4 +20,5 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    queue_seconds: float = 0.0  # from submission to the scheduler to its first forward
     delta_token_ids: list[int] = field(default_factory=list)

@@ -153,6 +153,7 @@ class OutputProcessor:
                 state.sent_first = True
                 out.num_prompt_tokens = state.req.prompt_len
                 out.num_cached_tokens = state.req.num_cached_tokens
+                out.queue_seconds = state.req.queue_seconds
                 out.prompt_logprobs = state.prompt_logprobs
         return out
 

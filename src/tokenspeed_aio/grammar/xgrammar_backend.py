@@ -57,10 +57,9 @@ class XGrammarBackend:
     def _compile(self, spec: GrammarSpec):
         compiler = self._get_compiler()
         try:
-            if spec.kind == "json_schema":
-                return compiler.compile_json_schema(spec.text)
-            if spec.kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
+            if spec.kind in ("json_schema", "json_object"):
+                schema = spec.text if spec.kind == "json_schema" else '{"type": "object"}'
+                return compiler.compile_grammar(json_grammar(schema))
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.text)
             return compiler.compile_grammar(spec.text)
@@ -82,6 +81,22 @@ class XGrammarBackend:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# xgrammar writes a length-bounded JSON string's characters as [^"\\\r\n], which admits raw
+# control characters (JSON forbids U+0000..U+001F unescaped); its unbounded strings use
+# the right class. Patched in the grammar text until upstream fixes it.
+_LOOSE_STRING_CHAR = r"[^\"\\\r\n]"
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\]"
+
+
+def json_grammar(schema: str) -> str:
+    """The EBNF of a JSON schema: compact (free whitespace would let a weak model pad
+    forever), with JSON's string characters."""
+    import xgrammar as xgr
+
+    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    return text.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR)
 
 
 _PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*(Check failed: \(.*?\) is false:\s*)?")

@@ -21,6 +21,7 @@ from tokenspeed_aio.model.batch_inputs import HostBatch, build_host_batch
 from tokenspeed_aio.model.cuda_graph import DecodeGraphs
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
 from tokenspeed_aio.model.forward_timeline import ForwardTimeline
+from tokenspeed_aio.model.grammar_mask import fill_token_bitmask
 from tokenspeed_aio.model.landing import Landing, LaunchedForward, to_host
 from tokenspeed_aio.model.sampling.sampler import Sampler, compute_token_logprobs
 from tokenspeed_aio.model.sampling.state import SamplingState
@@ -175,7 +176,8 @@ class ModelRunner:
         if not rows:
             return Landing(tokens=torch.empty(0, dtype=torch.int64))
         batch = self.sampling.prepare([r.slot for r in rows], [r.output_index for r in rows])
-        out = self.sampler(logits, batch)
+        mask = fill_token_bitmask(rows, self.sampling.vocab_size, self.device)
+        out = self.sampler(logits, batch, mask)
         self.sampling.record(batch, out.tokens)
         self.last_sampled.index_copy_(0, batch.slots, out.tokens)
         return Landing(

@@ -34,11 +34,13 @@ class Request:
         "num_pending",
         "params",
         "prompt_len",
+        "queue_seconds",
         "rid",
         "sampled_on_slot",
         "seed",
         "slot",
         "status",
+        "submitted_at",
         "token_ids",
     )
 
@@ -70,6 +72,8 @@ class Request:
         self.num_cached_blocks = 0  # prefix of block_ids published in the prefix cache
         self.num_cached_tokens = 0  # prefix-cache hit at first admission (reported)
         self.slot = -1
+        self.submitted_at = 0.0  # monotonic time it entered the waiting queue
+        self.queue_seconds = 0.0  # waiting until its first forward (a metric; once)
         # The grammar matcher of a constrained request (attached when its grammar compiled):
         # advanced by the commit, read by the data plane to mask the next token.
         self.grammar = None

@@ -8,6 +8,7 @@ Pure Python (no torch). The event loop drives it at fixed points of each round:
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -66,8 +67,10 @@ class Scheduler:
             if problem:
                 raise SubmissionRejected(problem)
             seen.add(req.rid)
+        now = time.monotonic()
         for req in batch:
             req.arrival = self._arrivals
+            req.submitted_at = now
             self._arrivals += 1
             self.requests[req.rid] = req
             self.waiting.append(req)
@@ -149,8 +152,9 @@ class Scheduler:
             req.block_ids = hits + self.pool.allocate(need)
             req.num_computed = computed
             req.num_cached_blocks = len(hits)
-            if not req.num_output:
+            if not req.num_output:  # first admission (not a retraction's re-admission)
                 req.num_cached_tokens = computed
+                req.queue_seconds = time.monotonic() - req.submitted_at
             req.slot = self._free_slots.pop()
             req.status = Status.RUNNING
             self.running.append(req)

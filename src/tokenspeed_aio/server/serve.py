@@ -68,7 +68,11 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
         logger.error("engine startup failed: %s", err)
         return 1
     frontend = Frontend(
-        tokenizer, engine.client, max_model_len=engine.max_model_len, num_replicas=args.dp
+        tokenizer,
+        engine.client,
+        max_model_len=engine.max_model_len,
+        vocab_size=engine.registrations[0].vocab_size,
+        num_replicas=args.dp,
     )
     app = build_app(
         frontend, served_model_name=name, api_key=ns.api_key, max_body_bytes=ns.max_body_bytes

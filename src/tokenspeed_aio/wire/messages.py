@@ -65,6 +65,7 @@ class TokenOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # first output only
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    queue_seconds: float = 0.0  # first output only: scheduler submission -> first forward
     error_status: int = 0  # HTTP-like status of a refusal/failure (400, 409, 503, 500)
     error_message: str | None = None
 

@@ -72,13 +72,19 @@ class Sampler:
     def __init__(self) -> None:
         self._token_ids: torch.Tensor | None = None
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    def __call__(
+        self, logits: torch.Tensor, batch: SamplingBatch, token_bitmask=None
+    ) -> SamplerOutput:
+        """``token_bitmask`` (model/grammar_mask.py): constrained rows' allowed tokens,
+        applied after the raw logprobs, before any choice."""
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1) if batch.max_num_logprobs >= 0 else None
         if batch.any_penalties:
             logits = apply_penalties(logits, batch)
         if batch.any_min_tokens_ban:
             logits = apply_min_tokens_ban(logits, batch)
+        if token_bitmask is not None:
+            token_bitmask.apply(logits)
 
         if batch.all_greedy:
             tokens = logits.argmax(dim=-1)

@@ -1,0 +1,146 @@
+"""The decode step's memory roofline: the bytes a step must read over measured bandwidth.
+
+A decode step of ``c`` sequences reads every weight once (the embedding table only
+for the ``c`` rows it looks up, unless it doubles as the LM head) and the K and V of
+every token of every sequence. Activations and the one new KV token per sequence
+are ignored: they are small next to these. At bandwidth ``B`` the step cannot take
+less than ``bytes / B``, and ``c`` tokens per step bound the output rate.
+
+The bandwidth is measured in the same run with a large device-to-device copy,
+counted as read + write (how BENCHMARKS.md states the H200's 4.28 TB/s). On CPU
+the same copy measures host memory bandwidth, and the report says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tokenspeed_aio.model.config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+@dataclass(frozen=True)
+class ModelBytes:
+    total_weight_bytes: int  # every parameter, as stored
+    step_weight_bytes: int  # what a decode step reads, without the embedding lookups
+    embedding_row_bytes: int  # one looked-up embedding row
+    kv_bytes_per_token: int  # K and V of one token, all layers
+
+    @classmethod
+    def of(cls, config: ModelConfig, dtype: str) -> ModelBytes:
+        """Byte counts of ``config`` with weights and KV cache in ``dtype``."""
+        width = DTYPE_BYTES[dtype]
+        h, layers = config.hidden_size, config.num_hidden_layers
+        q, kv = config.q_size, config.kv_size
+        attention = h * q + 2 * h * kv + q * h
+        if config.attention_bias:
+            attention += q + 2 * kv
+        if config.o_proj_bias:
+            attention += h
+        if config.qk_norm:
+            attention += 2 * config.head_dim
+        per_layer = attention + 3 * h * config.intermediate_size + 2 * h  # + two RMSNorms
+        embedding = config.vocab_size * h
+        head = 0 if config.tie_word_embeddings else config.vocab_size * h
+        params = embedding + layers * per_layer + h + head  # + the final norm
+        # A tied table is read whole as the LM head; an untied one only row by row.
+        step_params = params - (0 if config.tie_word_embeddings else embedding)
+        return cls(
+            total_weight_bytes=params * width,
+            step_weight_bytes=step_params * width,
+            embedding_row_bytes=h * width,
+            kv_bytes_per_token=2 * layers * kv * width,
+        )
+
+    def step_bytes(self, context_lens: list[int]) -> int:
+        """Bytes one decode step over sequences of these context lengths must read."""
+        lookups = 0 if self.step_weight_bytes == self.total_weight_bytes else len(context_lens)
+        return (
+            self.step_weight_bytes
+            + lookups * self.embedding_row_bytes
+            + self.kv_bytes_per_token * sum(context_lens)
+        )
+
+
+def resolve_dtype(dtype: str, config: ModelConfig) -> str:
+    """EngineArgs' ``auto`` is the checkpoint's dtype (float32 when it states none)."""
+    name = (config.torch_dtype or "float32") if dtype == "auto" else dtype
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"dtype: {name!r} has no known width ({', '.join(DTYPE_BYTES)})")
+    return name
+
+
+def decode_floor(
+    model: ModelBytes,
+    *,
+    concurrency: int,
+    input_len: int,
+    output_len: int,
+    bandwidth: float,
+    tp: int = 1,
+) -> dict[str, Any]:
+    """The roofline of ``concurrency`` sequences decoding ``output_len`` tokens after an
+    ``input_len`` prompt, in lock step: the step that makes token ``j`` (1-based) reads
+    contexts of ``input_len + j - 1`` tokens. Prefill is not counted (it is
+    compute-bound). With tensor parallelism each of ``tp`` devices reads its share at
+    ``bandwidth``."""
+    steps = max(output_len - 1, 1)  # the first token comes out of prefill
+    first = model.step_bytes([input_len + 1] * concurrency)
+    last = model.step_bytes([input_len + output_len - 1] * concurrency)
+    mean_bytes = (first + last) / 2  # bytes grow linearly over the steps
+    step_s = mean_bytes / (bandwidth * tp)
+    return {
+        "concurrency": concurrency,
+        "steps": steps,
+        "step_bytes_first": first,
+        "step_bytes_last": last,
+        "step_floor_ms_first": first / (bandwidth * tp) * 1e3,
+        "step_floor_ms_last": last / (bandwidth * tp) * 1e3,
+        "step_floor_ms_mean": step_s * 1e3,
+        "expected_output_tokens_per_s": concurrency / step_s,
+    }
+
+
+def measure_bandwidth(
+    device: str, size_bytes: int | None = None, iters: int = 10
+) -> dict[str, Any]:
+    """Copy bandwidth (read + write bytes per second) of ``device`` ("cuda" or "cpu"),
+    the best of ``iters`` copies of one large buffer into another."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    size = size_bytes or (1 << 30 if cuda else 256 << 20)
+    src = torch.empty(size, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults and lazy allocation are not bandwidth
+    times = []
+    for _ in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t)
+    best = min(times)
+    if cuda:
+        name = torch.cuda.get_device_name(torch.device(device))
+        method = "device-to-device copy (CUDA events)"
+    else:
+        name = "CPU host memory"
+        method = f"host memcpy with torch on {torch.get_num_threads()} threads (CPU, not HBM)"
+    return {
+        "device": name,
+        "method": method,
+        "bytes_copied": size,
+        "iters": iters,
+        "best_s": best,
+        "bytes_per_s": 2 * size / best,
+    }

@@ -1,0 +1,53 @@
+"""What every route of one server shares: the frontend, the served model's name,
+metrics, the running requests, and the token-string cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tokenspeed_aio.api.frontend import Frontend
+from tokenspeed_aio.server.errors import ApiError
+from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
+from tokenspeed_aio.server.logprobs import TokenTexts
+from tokenspeed_aio.server.metrics import ServerMetrics
+
+HealthCheck = Callable[[], tuple[bool, str]]
+
+
+@dataclass
+class ServerContext:
+    frontend: Frontend
+    served_model_name: str
+    metrics: ServerMetrics
+    health: HealthCheck | None = None  # the serve command's own check (rank processes)
+    registry: RequestRegistry = field(default_factory=RequestRegistry)
+    token_texts: TokenTexts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.token_texts = TokenTexts(self.frontend.tokenizer)
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a model this server does not serve (None: the served one)."""
+        if model is not None and model != self.served_model_name:
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves "
+                f"{self.served_model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def fanout(self, request_id: str, jobs: list[Job]) -> Fanout:
+        return Fanout(self.frontend, self.metrics, self.registry, request_id, jobs)
+
+    def healthy(self) -> tuple[bool, str]:
+        """(True, "ok"), or (False, why) when the engine is dead or a replica is silent."""
+        if self.frontend.dead is not None:
+            return False, f"the engine is dead: {self.frontend.dead.message}"
+        stale = self.frontend.stale_replicas()
+        if stale:
+            return False, f"no load report lately from replica(s) {stale}"
+        if self.health is not None:
+            return self.health()
+        return True, "ok"

@@ -1,0 +1,199 @@
+"""Runs one HTTP request's engine requests (prompts × n choices) and merges their
+outputs: each choice is one ``frontend.generate()`` stream consumed by its own
+task; the tasks are cancelled and awaited whenever the merged stream closes
+(the response finished, failed, or its client left), and cancelling a
+generate() stream aborts its engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from tokenspeed_aio.api.errors import InvalidRequestError
+from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS, Frontend
+from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.server.metrics import ServerMetrics
+from tokenspeed_aio.server.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class Job:
+    """One engine request: one choice of one prompt."""
+
+    index: int  # the choice's index in the response: prompt_index * n + i
+    prompt_index: int
+    rid: str  # the engine request id
+    prompt_ids: list[int]
+    params: SamplingParams  # n == 1
+
+
+async def tokenize(
+    tokenizer: Tokenizer, texts: Sequence[str], add_special_tokens: bool
+) -> list[list[int]]:
+    """Token ids of each text; long inputs are tokenized off the event loop."""
+    if sum(len(t) for t in texts) <= ASYNC_TOKENIZE_CHARS:
+        return [tokenizer.encode(t, add_special_tokens) for t in texts]
+    return list(
+        await asyncio.gather(*(tokenizer.encode_async(t, add_special_tokens) for t in texts))
+    )
+
+
+def make_jobs(
+    frontend: Frontend, request_id: str, prompts: list[list[int]], params: SamplingParams
+) -> list[Job]:
+    """Validate every prompt against ``params`` and fan out ``params.n`` choices each,
+    choice k with the engine rid ``f"{request_id}-{k}"``. A seeded request gives
+    choice i of a prompt the seed ``seed + i``: the choices differ, and choice 0
+    reproduces the same request made with n=1."""
+    n = params.n
+    single = msgspec.structs.replace(params, n=1)
+    vocab = frontend.tokenizer.vocab_size
+    jobs = []
+    for p, ids in enumerate(prompts):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"prompt: token id {bad} is out of range (the vocabulary has {vocab} tokens)",
+                param="prompt",
+            )
+        frontend.validate(ids, single)
+        for i in range(n):
+            choice = p * n + i
+            seeded = single
+            if params.seed is not None and i:
+                seeded = msgspec.structs.replace(single, seed=params.seed + i)
+            jobs.append(Job(choice, p, f"{request_id}-{choice}", ids, seeded))
+    return jobs
+
+
+class Fanout:
+    """An HTTP request's running choices. Iterate ``outputs()`` once; ``abort()`` ends
+    choices early with finish_reason "abort" (POST /abort_request)."""
+
+    def __init__(
+        self,
+        frontend: Frontend,
+        metrics: ServerMetrics,
+        registry: RequestRegistry,
+        request_id: str,
+        jobs: list[Job],
+    ) -> None:
+        self.frontend = frontend
+        self.metrics = metrics
+        self.registry = registry
+        self.request_id = request_id
+        self.jobs = jobs
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._aborted: set[str] = set()
+
+    async def outputs(self) -> AsyncGenerator[tuple[Job, RequestOutput], None]:
+        """(job, output) in arrival order until every choice finished. An engine error
+        of any choice is raised here (the other choices are aborted)."""
+        queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException] = asyncio.Queue()
+        for job in self.jobs:
+            self._tasks[job.rid] = asyncio.create_task(self._run(job, queue), name=job.rid)
+        self.registry.add(self)
+        remaining = len(self.jobs)
+        try:
+            while remaining:
+                item = queue.get_nowait() if queue.qsize() else await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item[1].finished:
+                    remaining -= 1
+                yield item
+        finally:
+            self.registry.remove(self)
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    def abort(self, rid: str | None = None) -> list[str]:
+        """End one choice (its engine rid) or all; returns the rids still running."""
+        running = [r for r, t in self._tasks.items() if not t.done() and (rid is None or r == rid)]
+        for r in running:
+            self._aborted.add(r)
+            self._tasks[r].cancel()
+        return running
+
+    async def _run(
+        self, job: Job, queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException]
+    ) -> None:
+        stats = self.metrics.sequence(len(job.prompt_ids))
+        last: RequestOutput | None = None
+        reason = "abort"  # unless the engine says otherwise
+        stream = self.frontend.generate(
+            prompt_token_ids=job.prompt_ids, sampling_params=job.params, rid=job.rid
+        )
+        try:
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    stats.on_output(out)
+                    last = out
+                    if out.finished:
+                        reason = out.finish_reason or "stop"
+                    queue.put_nowait((job, out))
+        except asyncio.CancelledError:
+            if job.rid not in self._aborted:
+                raise
+            if last is None or not last.finished:  # it may have ended as the abort came
+                queue.put_nowait((job, _aborted(job.rid, last)))
+        except Exception as exc:
+            reason = "error"
+            queue.put_nowait(exc)
+        finally:
+            stats.finish(reason)
+
+
+def _aborted(rid: str, last: RequestOutput | None) -> RequestOutput:
+    """The final output of a choice aborted by /abort_request: what it had so far."""
+    if last is None:
+        return RequestOutput(rid, [], "", "", finished=True, finish_reason="abort")
+    return RequestOutput(
+        rid,
+        last.token_ids,
+        last.text,
+        "",
+        finished=True,
+        finish_reason="abort",
+        logprobs=last.logprobs,
+        prompt_logprobs=last.prompt_logprobs,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_cached_tokens=last.num_cached_tokens,
+    )
+
+
+class RequestRegistry:
+    """Running HTTP requests by their id and by each choice's engine rid, so that
+    /abort_request can end either a whole request or one choice."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Fanout] = {}
+
+    def add(self, fanout: Fanout) -> None:
+        self._by_id[fanout.request_id] = fanout
+        for job in fanout.jobs:
+            self._by_id[job.rid] = fanout
+
+    def remove(self, fanout: Fanout) -> None:
+        for key in (fanout.request_id, *(job.rid for job in fanout.jobs)):
+            if self._by_id.get(key) is fanout:
+                del self._by_id[key]
+
+    def running(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
+    def abort(self, rid: str) -> list[str]:
+        fanout = self._by_id.get(rid)
+        if fanout is None:
+            return []
+        return fanout.abort(None if rid == fanout.request_id else rid)
+
+    def abort_all(self) -> list[str]:
+        return [rid for fanout in set(self._by_id.values()) for rid in fanout.abort()]

@@ -1,0 +1,71 @@
+"""Logprobs in OpenAI's two formats: completions' parallel lists (tokens,
+token_logprobs, top_logprobs, text_offset) and chat's per-token entries (token,
+logprob, bytes, top_logprobs). Token strings are each token decoded alone, with
+special tokens shown, as OpenAI and vLLM report them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenspeed_aio.scheduler.plan import TokenLogprobs
+from tokenspeed_aio.server.protocol import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    TopLogprob,
+)
+from tokenspeed_aio.server.tokenizer import Tokenizer
+
+
+class TokenTexts:
+    """Token id -> its string, decoded once: a response with top-20 alternatives per
+    token would otherwise decode 21 strings per token on the event loop."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._cache[token_id] = self.tokenizer.decode([token_id], False)
+        return text
+
+
+def completion_logprobs(
+    texts: TokenTexts,
+    token_ids: Sequence[int],
+    logprobs: Sequence[TokenLogprobs | None],
+    offset: int,
+    into: CompletionLogprobs | None = None,
+) -> CompletionLogprobs:
+    """Append entries for ``token_ids`` (aligned with ``logprobs``; a None entry is the
+    first prompt token, which has no logprob) to ``into``; ``offset`` is the first
+    token's position in the choice's text."""
+    result = into or CompletionLogprobs()
+    for tid, lp in zip(token_ids, logprobs):
+        token = texts(tid)
+        result.tokens.append(token)
+        result.text_offset.append(offset)
+        offset += len(token)
+        if lp is None:
+            result.token_logprobs.append(None)
+            result.top_logprobs.append(None)
+            continue
+        result.token_logprobs.append(lp.logprob)
+        top: dict[str, float] = {}
+        for alt, value in lp.top:
+            top.setdefault(texts(alt), value)  # two ids may decode alike: keep the likelier
+        result.top_logprobs.append(top)
+    return result
+
+
+def chat_logprobs(
+    texts: TokenTexts, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs]
+) -> ChatLogprobs:
+    content = []
+    for tid, lp in zip(token_ids, logprobs):
+        token = texts(tid)
+        top = [TopLogprob(texts(alt), value, list(texts(alt).encode())) for alt, value in lp.top]
+        content.append(ChatTokenLogprob(token, lp.logprob, list(token.encode()), top))
+    return ChatLogprobs(content)

@@ -1,0 +1,132 @@
+"""Prometheus metrics of the serving process (aioprometheus; names ``tokenspeed:*``).
+
+Request-level metrics are recorded by the HTTP layer per engine request (one
+choice of one prompt); the engine's load (running, waiting, KV blocks) is read
+from the replicas' latest load reports when /metrics is scraped, so the gauges
+return to idle as soon as the engine reports a cancelled request gone.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aioprometheus import Counter, Gauge, Histogram, Registry, render
+
+from tokenspeed_aio.api.frontend import Frontend
+from tokenspeed_aio.api.outputs import RequestOutput
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                0.75, 1.0, 2.5)  # fmt: skip
+E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+               50.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+NO_LABELS: dict[str, str] = {}
+
+
+class ServerMetrics:
+    """The registry behind GET /metrics."""
+
+    def __init__(self, frontend: Frontend, model_name: str) -> None:
+        self.frontend = frontend
+        self.registry = Registry()
+        labels = {"model_name": model_name}
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"tokenspeed:{name}", doc, const_labels=labels, registry=self.registry)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"tokenspeed:{name}", doc, const_labels=labels, registry=self.registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(
+                f"tokenspeed:{name}", doc, const_labels=labels, registry=self.registry,
+                buckets=buckets,
+            )  # fmt: skip
+
+        self.finished = counter(
+            "request_success_total", "Engine requests finished, by finish reason."
+        )
+        self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("generation_tokens_total", "Generated tokens.")
+        self.rejected = counter("http_requests_rejected_total", "HTTP requests answered 4xx.")
+        self.running = gauge("num_requests_running", "Requests running (all replicas).")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting (all replicas).")
+        self.resident_blocks = gauge("kv_blocks_resident", "KV blocks holding tokens.")
+        self.active_blocks = gauge("kv_blocks_active", "KV blocks held by live requests.")
+        self.total_blocks = gauge("kv_blocks_total", "KV blocks in the pools.")
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS
+        )
+        self.tpot = histogram(
+            "time_per_output_token_seconds", "Time between output tokens.", TPOT_BUCKETS
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "Arrival to the last token.", E2E_BUCKETS
+        )
+        self.queue_time = histogram(
+            "request_queue_time_seconds",
+            "Scheduler submission to the request's first forward.",
+            TTFT_BUCKETS,
+        )
+        self.jit_compiles = gauge(
+            "jit_serving_compiles", "JIT compilations on the forward threads since serving."
+        )
+        self.jit_seconds = gauge(
+            "jit_serving_compile_seconds", "Seconds those serving-time compilations took."
+        )
+
+    def client_error(self, status: int) -> None:
+        self.rejected.inc({"status": str(status)})
+
+    def sequence(self, num_prompt_tokens: int) -> SequenceStats:
+        """Start timing one engine request (call at its arrival)."""
+        return SequenceStats(self, num_prompt_tokens)
+
+    def render(self, accept: list[str]) -> tuple[bytes, dict[str, str]]:
+        """The exposition text, with the load gauges refreshed from the latest reports."""
+        loads = [load for load, _ in self.frontend.loads.values()]
+        self.running.set(NO_LABELS, sum(x.running for x in loads))
+        self.waiting.set(NO_LABELS, sum(x.waiting for x in loads))
+        self.resident_blocks.set(NO_LABELS, sum(x.resident_blocks for x in loads))
+        self.active_blocks.set(NO_LABELS, sum(x.active_blocks for x in loads))
+        self.total_blocks.set(NO_LABELS, sum(x.total_blocks for x in loads))
+        self.jit_compiles.set(NO_LABELS, sum(x.jit_compiles for x in loads))
+        self.jit_seconds.set(NO_LABELS, sum(x.jit_compile_seconds for x in loads))
+        return render(self.registry, accept)
+
+
+class SequenceStats:
+    """Timing of one engine request, recorded into the histograms when it ends."""
+
+    __slots__ = ("arrival", "first", "last", "metrics", "num_prompt_tokens", "num_tokens")
+
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int) -> None:
+        self.metrics = metrics
+        self.num_prompt_tokens = num_prompt_tokens
+        self.arrival = time.monotonic()
+        self.first: float | None = None
+        self.last = self.arrival
+        self.num_tokens = 0
+
+    def on_output(self, out: RequestOutput) -> None:
+        new = len(out.token_ids) - self.num_tokens
+        if new <= 0:
+            return
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+            self.metrics.ttft.observe(NO_LABELS, now - self.arrival)
+            self.metrics.queue_time.observe(NO_LABELS, out.queue_seconds)
+        else:
+            self.metrics.tpot.observe(NO_LABELS, (now - self.last) / new)
+        self.last = now
+        self.num_tokens = len(out.token_ids)
+
+    def finish(self, reason: str) -> None:
+        m = self.metrics
+        m.finished.inc({"finished_reason": reason})
+        m.prompt_tokens.add(NO_LABELS, self.num_prompt_tokens)
+        m.generation_tokens.add(NO_LABELS, self.num_tokens)
+        if reason in ("stop", "length"):
+            m.e2e.observe(NO_LABELS, time.monotonic() - self.arrival)

@@ -1,0 +1,169 @@
+"""What the completions and chat routes share: request fields to SamplingParams,
+usage, collecting the final outputs, building a large response off the loop, and
+the SSE framing of a response stream (with an error event if the engine fails
+after the headers went out)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import msgspec
+from starlette.responses import Response
+
+from tokenspeed_aio.api.errors import EngineError, InvalidRequestError
+from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.server.body import json_response
+from tokenspeed_aio.server.errors import ApiError, error_payload, payload_for
+from tokenspeed_aio.server.generation import Fanout, Job
+from tokenspeed_aio.server.protocol import PromptTokensDetails, SamplingFields, Usage
+from tokenspeed_aio.server.streaming import DONE, sse_event
+
+logger = logging.getLogger(__name__)
+
+THREAD_RENDER_ENTRIES = 4096  # logprob entries past which a response is built on a thread
+
+# Request fields copied to SamplingParams when given (same names on both sides).
+PASSTHROUGH = (
+    "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "skip_special_tokens",
+    "include_stop_str_in_output",
+)  # fmt: skip
+
+
+def renamed(exc: InvalidRequestError, names: dict[str, str]) -> InvalidRequestError:
+    """The error with SamplingParams' field name replaced by the one the client sent."""
+    if exc.param not in names:
+        return exc
+    name = names[exc.param]
+    return InvalidRequestError(exc.message.replace(f"{exc.param}:", f"{name}:", 1), param=name)
+
+
+def sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+    names: dict[str, str] | None = None,
+) -> SamplingParams:
+    """SamplingParams from an OpenAI request (validated: InvalidRequestError names the
+    field and its limit, as ``names`` maps SamplingParams' fields to the request's).
+    Refuses what the engine cannot honour yet instead of silently ignoring it."""
+    if req.logit_bias:
+        raise ApiError(400, "logit_bias: not supported", param="logit_bias")
+    fields: dict[str, Any] = {
+        name: value for name in PASSTHROUGH if (value := getattr(req, name)) is not None
+    }
+    fields.update(structured_output(req))
+    if req.stop is not None:
+        fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **fields
+        )
+    except InvalidRequestError as exc:
+        raise renamed(exc, names or {}) from None
+
+
+def structured_output(req: SamplingFields) -> dict[str, Any]:
+    """The grammar fields of SamplingParams from response_format or the extra fields."""
+    fields: dict[str, Any] = {}
+    fmt = req.response_format
+    kind = fmt.get("type", "text") if fmt else "text"
+    if kind == "json_object":
+        fields["json_object"] = True
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ApiError(
+                400,
+                "response_format: json_schema needs {'json_schema': {'schema': {...}}}",
+                param="response_format",
+            )
+        fields["json_schema"] = json.dumps(spec["schema"])
+    elif kind != "text":
+        raise ApiError(
+            400,
+            f"response_format: type must be text, json_object or json_schema, got {kind!r}",
+            param="response_format",
+        )
+    if req.json_schema is not None:
+        schema = req.json_schema
+        fields["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
+    if req.regex is not None:
+        fields["regex"] = req.regex
+    if req.ebnf is not None:
+        fields["ebnf"] = req.ebnf
+    return fields
+
+
+def usage(prompts: list[list[int]], n: int, finals: dict[int, RequestOutput]) -> Usage:
+    """Each prompt counts once whatever n is (as OpenAI bills); its cached tokens are
+    the fewest any of its choices found cached."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion_tokens = sum(len(out.token_ids) for out in finals.values())
+    cached = 0
+    for p in range(len(prompts)):
+        outs = [finals[i] for i in range(p * n, (p + 1) * n) if i in finals]
+        cached += min((o.num_cached_tokens for o in outs), default=0)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+async def respond(
+    build: Callable[[], Any], finals: dict[int, RequestOutput], top: int | None
+) -> Response:
+    """The JSON response ``build()`` makes. With many logprob entries (``top``
+    alternatives per token) building it is many milliseconds of Python: then it is
+    built and encoded on a thread, so the loop keeps streaming to other clients."""
+    tokens = sum(len(o.token_ids) + len(o.prompt_logprobs or ()) for o in finals.values())
+    if top is None or tokens * (top + 1) <= THREAD_RENDER_ENTRIES:
+        return json_response(build())
+    body = await asyncio.to_thread(lambda: msgspec.json.encode(build()))
+    return Response(body, media_type="application/json")
+
+
+async def collect(fanout: Fanout) -> dict[int, RequestOutput]:
+    """Each choice's final output, by choice index."""
+    finals: dict[int, RequestOutput] = {}
+    async with contextlib.aclosing(fanout.outputs()) as outputs:
+        async for job, out in outputs:
+            if out.finished:
+                finals[job.index] = out
+    return finals
+
+
+async def sse_stream(
+    outputs: AsyncGenerator[tuple[Job, RequestOutput], None],
+    render: Callable[[Job, RequestOutput], list[Any]],
+    last: Callable[[], list[Any]] | None,
+    request_id: str,
+) -> AsyncGenerator[bytes, None]:
+    """Frame a response stream as SSE: ``render`` turns each output into chunks,
+    ``last`` (if any) gives the closing chunks (usage); then ``data: [DONE]``. A
+    failure after the headers went out becomes an error event (the traceback stays
+    in the log)."""
+    try:
+        async with contextlib.aclosing(outputs):  # closing aborts the engine requests
+            async for job, out in outputs:
+                for chunk in render(job, out):
+                    yield sse_event(chunk)
+        for chunk in last() if last else ():
+            yield sse_event(chunk)
+    except (ApiError, EngineError) as exc:
+        yield sse_event(payload_for(exc)[1])
+    except Exception:
+        logger.exception("stream %s failed", request_id)
+        message = f"internal server error (request id {request_id}); see the server log"
+        yield sse_event(error_payload(500, message))
+    yield DONE

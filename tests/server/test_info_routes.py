@@ -1,0 +1,43 @@
+"""GET /health, GET /v1/models, GET /metrics."""
+
+from __future__ import annotations
+
+import httpx
+from openai import AsyncOpenAI
+from server.conftest import scrape
+
+
+async def test_health_is_open_and_ok(http_server):
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"{http_server.base_url}/health")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+async def test_models_lists_the_served_model(http_server):
+    oai = AsyncOpenAI(base_url=f"{http_server.base_url}/v1", api_key=http_server.api_key)
+    page = await oai.models.list()
+    [card] = page.data
+    assert card.id == http_server.model and card.object == "model"
+    assert card.model_extra["max_model_len"] == http_server.max_model_len
+
+
+async def test_metrics_count_requests_and_tokens(http_server):
+    before = await scrape(http_server.base_url)
+    async with httpx.AsyncClient(headers=http_server.headers) as client:
+        body = {"prompt": "a b c", "max_tokens": 4, "n": 2, "ignore_eos": True}
+        response = await client.post(f"{http_server.base_url}/v1/completions", json=body)
+    usage = response.json()["usage"]
+    after = await scrape(http_server.base_url)
+
+    def delta(key: str) -> float:
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta('tokenspeed:request_success_total{finished_reason="length"}') == 2
+    assert delta("tokenspeed:generation_tokens_total") == usage["completion_tokens"] == 8
+    # each choice is an engine request with the prompt's tokens
+    assert delta("tokenspeed:prompt_tokens_total") == 2 * usage["prompt_tokens"]
+    for name in ("time_to_first_token", "e2e_request_latency"):
+        assert delta(f"tokenspeed:{name}_seconds_count") == 2
+    assert delta("tokenspeed:time_per_output_token_seconds_count") == 2 * 3
+    assert after["tokenspeed:kv_blocks_total"] > 0
+    assert after["tokenspeed:num_requests_running"] == 0
