@@ -43,8 +43,8 @@ async def test_tiny_model_matches_transformers_on_gpu(ckpt, arch, depth):
     )
     prompts = parity_prompts()
     async with await AsyncEngine.start(args) as engine:
-        assert torch.cuda.get_sync_debug_mode() == 2  # armed when serving began
         outs = await run_all(engine, prompts)
+        assert torch.cuda.get_sync_debug_mode() == 2  # armed when serving began
         await engine.check_idle()
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()
     for ids, out in zip(prompts, outs):
@@ -59,9 +59,9 @@ async def test_tiny_model_matches_transformers_on_gpu(ckpt, arch, depth):
 
 
 async def test_overlap_matches_no_overlap_on_an_8b_shape(tmp_path):
-    from tokenspeed_aio.bench.shapes import write_shape
+    from tokenspeed_aio.bench.shapes import checkpoint_dir
 
-    path = write_shape("llama-8b", tmp_path)
+    path = checkpoint_dir("llama-8b", tmp_path)
     prompts = parity_prompts(vocab=128000, seed=3)
     tokens = {}
     for depth in (0, 1):

@@ -40,6 +40,8 @@ class RunResult:
     records: list[RequestRecord]
     duration: float  # first request sent to last output received, seconds
     rounds: list[RoundSample] | None  # control-plane rounds of this run (in-process only)
+    # Device busy/idle time over the run's forwards (in-process on CUDA only).
+    timeline: dict[str, float] | None = None
 
 
 async def _one(target: Target, record: RequestRecord, prompt: list[int]) -> None:
@@ -83,6 +85,7 @@ async def execute(target: Target, run: Run) -> RunResult:
     wait for every reply."""
     await target.settle()
     mark = target.round_mark()
+    await target.forward_timeline()  # forget the forwards before this run
     gate = asyncio.Semaphore(run.concurrency) if run.concurrency else None
     records: list[RequestRecord] = []
     t0 = time.perf_counter()
@@ -92,7 +95,8 @@ async def execute(target: Target, run: Run) -> RunResult:
     ends = [r.chunk_times[-1] for r in records if r.chunk_times]
     duration = (max(ends) if ends else time.perf_counter()) - t0
     await target.settle()
-    return RunResult(run, records, duration, target.rounds_since(mark))
+    timeline = await target.forward_timeline()
+    return RunResult(run, records, duration, target.rounds_since(mark), timeline)
 
 
 async def warm_up(target: Target, prompt: list[int], output_len: int = 4) -> None:

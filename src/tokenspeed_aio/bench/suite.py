@@ -19,7 +19,8 @@ NOTES = [
     "Greedy decoding, ignore_eos: every reply has the requested length.",
     "Roofline: (weights + KV read per decode step) / measured copy bandwidth, lock-step "
     "decode of the run's lengths; prefill is not in it, so short outputs cannot reach it.",
-    "gpu_idle_fraction is null: the engine does not expose forward timings yet.",
+    "gpu_idle_fraction: device time between forwards over the run's span of forwards, from "
+    "the data plane's CUDA events (in-process on CUDA only; null elsewhere).",
 ]
 
 
@@ -93,6 +94,14 @@ def roofline_of(run: Run, ctx: Context) -> dict[str, Any] | None:
     )
 
 
+def _idle_fraction(timeline: dict[str, float] | None) -> float | None:
+    """Device idle time between forwards over the run's span of forwards (CUDA events)."""
+    if not timeline:
+        return None
+    span = timeline["busy_ms"] + timeline["idle_ms"]
+    return timeline["idle_ms"] / span if span else None
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -109,7 +118,8 @@ def run_document(
         "params": run.params,
         "metrics": m,
         "control_plane": metrics.control_plane(result.rounds),
-        "gpu_idle_fraction": None,
+        "gpu_idle_fraction": _idle_fraction(result.timeline),
+        "forward_timeline": result.timeline,
         "roofline": roof,
         "achieved_over_roofline": _ratio(
             m["output_tokens_per_s"], roof and roof["expected_output_tokens_per_s"]

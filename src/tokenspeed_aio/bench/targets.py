@@ -43,6 +43,10 @@ class Target(Protocol):
         """Wait until nothing of the last run is still held, before the next one."""
         ...
 
+    async def forward_timeline(self) -> dict[str, float] | None:
+        """Device busy/idle ms over the forwards since the last call (None: unknown)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -88,6 +92,10 @@ class EngineTarget:
     async def settle(self) -> None:
         await self.engine.wait_idle(timeout=60.0)
 
+    async def forward_timeline(self) -> dict[str, float] | None:
+        loop = self.engine.control_loop
+        return None if loop is None else await loop.data_plane.forward_timeline()
+
     async def close(self) -> None:
         await self.engine.shutdown()
 
@@ -128,6 +136,9 @@ class ServerTarget:
 
     async def settle(self) -> None:
         return None
+
+    async def forward_timeline(self) -> dict[str, float] | None:
+        return None  # the rank's device timeline is not on the wire
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -57,6 +57,10 @@ class CompileMonitor:
         knobs.runtime.jit_post_compile_hook = self._after_compile
         return True
 
+    def begin_startup(self) -> None:
+        """A device build starts: its compilations are startup's."""
+        self.serving = False
+
     def mark_serving(self) -> None:
         self.serving = True
 

@@ -133,7 +133,7 @@ def _backend_name(name: str, device: torch.device) -> str:
 
 
 def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
-    compile_monitor()  # hooked before anything compiles
+    compile_monitor().begin_startup()  # hooked before anything compiles
     config = ModelConfig.from_pretrained(args.model)
     device = resolve_device(args.device, rank.local_device_index)
     if device.type == "cuda":
@@ -162,7 +162,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     backend_name = _backend_name(args.attention_backend, device)
     backend = create_backend(backend_name, max_model_len=max_model_len)
     peak = 0
-    if device.type == "cuda" and args.num_kv_blocks is None:
+    if device.type == "cuda":  # also the prefill path's warm-up: kernels compile now
         peak = activation_peak_bytes(
             model,
             backend,
@@ -202,6 +202,8 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
             min(args.max_cudagraph_capture_size, args.max_num_seqs)
         )
         runner.capture_graphs(sorted(s for s in sizes if s <= args.max_num_seqs))
+    if device.type == "cuda":
+        runner.idle_forward()  # the eager decode path's warm-up
     logger.info(
         "KV cache: %d blocks x %d tokens = %d concurrent tokens (%.2f GiB); activation peak "
         "%.2f GiB",

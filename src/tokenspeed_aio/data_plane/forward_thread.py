@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 from typing import Any, Protocol
 
@@ -24,6 +25,12 @@ from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
 
 logger = logging.getLogger(__name__)
+
+# The control loop and the forward thread share the GIL. A thread that wakes (a landed
+# forward, a queued plan) waits for the running one to reach the switch interval, 5 ms
+# by default: several such waits per round made in-process serving ~5x slower
+# (docs/design/gil-switch-interval.md). 0.5 ms keeps handoffs short.
+GIL_SWITCH_INTERVAL = 0.0005
 
 
 class LaunchedForward(Protocol):
@@ -63,6 +70,8 @@ class HostDataPlane:
     """Implements control.data_plane.DataPlane over a forward thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, name: str = "ts-forward") -> None:
+        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL:
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         self._loop = loop
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._landing: queue.SimpleQueue = queue.SimpleQueue()

@@ -27,6 +27,26 @@ from tokenspeed_aio.model.sampling.sampler import Sampler, compute_token_logprob
 from tokenspeed_aio.model.sampling.state import SamplingState
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ScheduledRow
 
+_ALIGN_BYTES = 16
+
+
+def _packed(arrays: list[np.ndarray], dtype, device: torch.device) -> list[torch.Tensor]:
+    """One host->device copy for several arrays, returned as device views.
+
+    Each view starts 16-byte aligned: Triton specializes kernels on pointer alignment,
+    so offsets that follow the batch's sizes would compile new variants while serving.
+    """
+    per = _ALIGN_BYTES // np.dtype(dtype).itemsize
+    sizes = [len(a) for a in arrays]
+    slots = [-(-n // per) * per for n in sizes]
+    packed = np.zeros(sum(slots), dtype)
+    offset = 0
+    for array, slot in zip(arrays, slots):
+        packed[offset : offset + len(array)] = array
+        offset += slot
+    views = torch.split(host_to_device(packed, device), slots)
+    return [view[:n] for view, n in zip(views, sizes)]
+
 
 class ModelRunner:
     def __init__(
@@ -102,16 +122,16 @@ class ModelRunner:
         """Ship the metadata in two packed copies (int64, int32) and run the model."""
         b, t = host.num_rows, host.num_tokens
         bt = host.block_tables
-        packed64 = np.concatenate(
-            [host.input_ids, host.positions, host.slot_mapping, host.logits_index]
+        ids, pos, smap, lidx = _packed(
+            [host.input_ids, host.positions, host.slot_mapping, host.logits_index],
+            np.int64,
+            self.device,
         )
-        packed32 = np.concatenate(
-            [host.query_start_loc, host.seq_lens, host.context_lens, bt.reshape(-1)]
-        ).astype(np.int32)
-        dev64 = host_to_device(packed64, self.device)
-        dev32 = host_to_device(packed32, self.device)
-        ids, pos, smap, lidx = torch.split(dev64, [t, t, t, len(host.logits_index)])
-        qsl, seq_lens, ctx_lens, bt_dev = torch.split(dev32, [b + 1, b, b, bt.size])
+        qsl, seq_lens, ctx_lens, bt_dev = _packed(
+            [host.query_start_loc, host.seq_lens, host.context_lens, bt.reshape(-1)],
+            np.int32,
+            self.device,
+        )
         meta = AttentionMetadata(
             num_tokens=t,
             num_rows=b,
