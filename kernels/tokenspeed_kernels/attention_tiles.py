@@ -51,3 +51,40 @@ def mma(a, b):
     if _WIDEN_DOT:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def attend_keys(
+    acc, m_i, l_i, q, q_pos, n_lo, n_hi,
+    K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+    stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of (acc, m_i, l_i) with the keys at positions [n_lo, n_hi).
+
+    With CAUSAL, query i sees keys at positions <= q_pos[i]. Callers guarantee every tile
+    holds at least one key each query sees, so the running max stays finite.
+    """
+    for n0 in range(n_lo, n_hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < n_hi
+        k = load_kv_tile(
+            K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
+            stride_kb, stride_kp, stride_kh, PAGE_SIZE,
+        )  # fmt: skip
+        s = mma(q, tl.trans(k)) * scale_log2
+        if CAUSAL:
+            s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+        else:
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(
+            V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
+            stride_vb, stride_vp, stride_vh, PAGE_SIZE,
+        )  # fmt: skip
+        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, m_i, l_i

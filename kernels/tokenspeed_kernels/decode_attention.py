@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels.attention_tiles import load_kv_tile, mma
+from tokenspeed_kernels.attention_tiles import attend_keys
 
 BLOCK_N = 64  # keys per tile
 MAX_KV_SPLITS = 32
@@ -100,26 +100,12 @@ def _decode_split_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < end
-            k = load_kv_tile(
-                K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
-                stride_kb, stride_kp, stride_kh, PAGE_SIZE,
-            )  # fmt: skip
-            s = mma(q, tl.trans(k)) * scale_log2
-            s = tl.where(n_mask[None, :], s, float("-inf"))
-            # Every tile holds at least one valid key, so m_new is finite.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = load_kv_tile(
-                V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
-                stride_vb, stride_vp, stride_vh, PAGE_SIZE,
-            )  # fmt: skip
-            acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
-            m_i = m_new
+        acc, m_i, l_i = attend_keys(
+            acc, m_i, l_i, q, offs_h, start, end,
+            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
+            PAGE_SIZE, BLOCK_N, False,
+        )  # fmt: skip
 
         mid = (row.to(tl.int64) * num_q_heads + q_heads) * num_kv_splits + split
         tl.store(

@@ -32,43 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels.attention_tiles import load_kv_tile, mma
+from tokenspeed_kernels.attention_tiles import attend_keys
 
 BLOCK_M = 64
 BLOCK_N = 64
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _attend_keys(
-    acc, m_i, l_i, q, q_pos, n_lo, n_hi,
-    K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
-    stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-):  # fmt: skip
-    """Online-softmax update of (acc, m_i, l_i) with keys [n_lo, n_hi)."""
-    for n0 in range(n_lo, n_hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < n_hi
-        k = load_kv_tile(
-            K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
-            stride_kb, stride_kp, stride_kh, PAGE_SIZE,
-        )  # fmt: skip
-        s = mma(q, tl.trans(k)) * scale_log2
-        if CAUSAL:
-            s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
-        # Key 0 is visible to every query, so each row's max is finite from its first tile on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_kv_tile(
-            V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
-            stride_vb, stride_vp, stride_vh, PAGE_SIZE,
-        )  # fmt: skip
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
-        m_i = m_new
-    return acc, m_i, l_i
 
 
 @triton.jit(do_not_specialize=["stride_bt"])
@@ -129,13 +97,13 @@ def _extend_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         full_hi = (context + m_lo) // BLOCK_N * BLOCK_N
         kv_hi = tl.minimum(seq_len, context + m_lo + BLOCK_M)
-        acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, q_pos, 0, full_hi,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
             PAGE_SIZE, BLOCK_N, False,
         )  # fmt: skip
-        acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, q_pos, full_hi, kv_hi,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,

@@ -101,5 +101,4 @@ async def execute(target: Target, run: Run) -> RunResult:
 
 async def warm_up(target: Target, prompt: list[int], output_len: int = 4) -> None:
     """One short request before measuring: first-call costs are not part of any run."""
-    async for _ in target.stream(prompt, output_len):
-        pass
+    [_ async for _ in target.stream(prompt, output_len)]

@@ -10,7 +10,7 @@ ENV = "TOKENSPEED_INJECT_FAULT"
 
 
 class InjectedFault(RuntimeError):
-    pass
+    """The rank-local error a resilience test asked for."""
 
 
 class FaultInjector:

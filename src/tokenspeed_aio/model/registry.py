@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-# architecture -> (module under tokenspeed_aio.model.models, class name)
+# architecture -> (module under tokenspeed_aio.model.models, class name). Qwen2 (q/k/v
+# bias) and Qwen3 (q/k RMSNorm, explicit head_dim) are Llama's decoder with the flags
+# ModelConfig sets for them.
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
-    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
-    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("llama", "LlamaForCausalLM"),
 }
 
 
