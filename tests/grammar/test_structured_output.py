@@ -183,3 +183,14 @@ async def test_slow_compile_does_not_stall_other_requests(engine):
     assert during, "the decode was meant to run while the schema compiled"
     assert max(during) < 0.25, f"a round stalled for {max(during):.3f} s during the compile"
     assert compiled.text.startswith("{")
+
+
+async def test_idle_engine_admits_a_compiled_grammar_promptly(engine):
+    """An otherwise idle engine polls its compiling grammars, not only the heartbeat."""
+    await final(engine, SamplingParams(max_tokens=2, temperature=0.0, regex="[a-z]+"))  # warm
+    await asyncio.sleep(1.2)  # the engine is idle: its rounds wait for messages
+    start = time.perf_counter()
+    params = SamplingParams(max_tokens=2, temperature=0.0, regex="[0-9]{2}")  # a new grammar
+    async for _ in engine.generate(prompt="n:", sampling_params=params):
+        break
+    assert time.perf_counter() - start < 0.5

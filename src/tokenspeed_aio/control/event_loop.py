@@ -29,7 +29,7 @@ from tokenspeed_aio.control.kv_events import KVEventPublisher
 from tokenspeed_aio.control.output import OutputProcessor
 from tokenspeed_aio.control.relay import Relay
 from tokenspeed_aio.control.round_stats import RoundStats
-from tokenspeed_aio.control.transport import LoadReporter
+from tokenspeed_aio.control.transport import HEARTBEAT_SECONDS, LoadReporter
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardCommitted, RequestFinished
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.scheduler.scheduler import Scheduler, SubmissionRejected
@@ -37,6 +37,8 @@ from tokenspeed_aio.scheduler.scheduler import Scheduler, SubmissionRejected
 logger = logging.getLogger(__name__)
 
 Event = ForwardCommitted | RequestFinished
+
+GRAMMAR_POLL_SECONDS = 0.005  # an idle engine checks its compiling grammars this often
 
 
 class EventLoop:
@@ -80,6 +82,13 @@ class EventLoop:
         """Idle here and, with attention DP, on every rank as of the last exchange."""
         return self.idle() and (self.dp is None or self.dp.engine_idle)
 
+    def _receive_timeout(self) -> float | None:
+        """A round waits for messages only when the whole engine is idle: up to a
+        heartbeat, or briefly while grammars compile and nothing else runs."""
+        if not self.engine_idle():
+            return None
+        return GRAMMAR_POLL_SECONDS if len(self.grammar) else HEARTBEAT_SECONDS
+
     async def run(self) -> None:
         """Run rounds until a stop request (a closed frontend reads as one); then end
         every request.
@@ -100,7 +109,7 @@ class EventLoop:
 
     async def round(self) -> None:
         # 1. receive + relay, admit in arrival order; the grammar queue
-        messages = await self.relay.receive(self.engine_idle(), error=self.local_error)
+        messages = await self.relay.receive(self._receive_timeout(), error=self.local_error)
         self.stats.begin()
         adm = self.ingress.admit(messages, owned=self.output.owns, held=self.scheduler.holds)
         self.output.send(adm.refusals)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tokenspeed_aio.api.sampling_params import MAX_BANNED_IDS
 from tokenspeed_aio.control.output import refusal
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.wire.messages import (
@@ -38,9 +39,12 @@ class Admission:
 
 
 class Ingress:
-    def __init__(self, *, vocab_size: int, max_model_len: int) -> None:
+    def __init__(
+        self, *, vocab_size: int, max_model_len: int, eos_token_ids: Sequence[int] = ()
+    ) -> None:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)  # banned with stop ids by min_tokens
         self._arrivals = 0
 
     def admit(
@@ -114,7 +118,17 @@ class Ingress:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             return f"prompt: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
-        bad = next((t for t in msg.params.stop_token_ids if t >= self.vocab_size), None)
+        params = msg.params
+        bad = next((t for t in params.stop_token_ids if t >= self.vocab_size), None)
         if bad is not None:
             return f"stop_token_ids: {bad} is outside the vocabulary [0, {self.vocab_size})"
+        if params.min_tokens > 0:
+            banned = set(params.stop_token_ids) | (
+                set() if params.ignore_eos else self.eos_token_ids
+            )
+            if len(banned) > MAX_BANNED_IDS:
+                return (
+                    f"stop_token_ids: with min_tokens, at most {MAX_BANNED_IDS} distinct stop "
+                    f"token ids (EOS included) can be held back, got {len(banned)}"
+                )
         return None

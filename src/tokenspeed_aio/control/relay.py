@@ -15,7 +15,7 @@ from typing import Protocol
 
 import msgspec
 
-from tokenspeed_aio.control.transport import HEARTBEAT_SECONDS, Transport
+from tokenspeed_aio.control.transport import Transport
 from tokenspeed_aio.wire.messages import InboundMessage, OutputBatch, StopEngine
 
 logger = logging.getLogger(__name__)
@@ -45,14 +45,16 @@ class Relay:
         if is_owner and transport is None:
             raise ValueError("the replica's first member needs the frontend transport")
 
-    async def receive(self, wait: bool, error: str | None = None) -> list[InboundMessage]:
-        """This round's messages (waiting up to a heartbeat only when the engine is idle).
+    async def receive(
+        self, timeout: float | None, error: str | None = None
+    ) -> list[InboundMessage]:
+        """This round's messages, waiting up to ``timeout`` for the first (None: no wait).
         A frontend that is gone reads as a stop request, which every member receives in
         the same exchange, so all stop after the same round."""
         messages = None
         if self.is_owner:
             try:
-                messages = await self.transport.receive(HEARTBEAT_SECONDS if wait else None)
+                messages = await self.transport.receive(timeout)
             except ConnectionError as err:
                 logger.info("the frontend is gone (%s): stopping", err)
                 messages = [StopEngine()]
