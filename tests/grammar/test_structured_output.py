@@ -194,3 +194,15 @@ async def test_idle_engine_admits_a_compiled_grammar_promptly(engine):
     async for _ in engine.generate(prompt="n:", sampling_params=params):
         break
     assert time.perf_counter() - start < 0.5
+
+
+async def test_grammar_compile_timeout_fails_the_request(ckpt, start_engine):
+    engine = await start_engine(ckpt("llama"), grammar_compile_timeout_secs=0.05)
+    big = {
+        "type": "object",
+        "properties": {f"f{i}": {"type": "string", "pattern": "[a-z]{1,9}"} for i in range(1500)},
+    }
+    with pytest.raises(InvalidRequestError, match=r"did not compile within 0\.05 s"):
+        await final(engine, SamplingParams(max_tokens=8, json_schema=json.dumps(big)))
+    out = await final(engine, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out.token_ids) == 4

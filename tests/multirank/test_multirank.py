@@ -192,3 +192,24 @@ def test_two_nodes_form_one_engine(ckpt, tmp_path):
 def _kill_if_running(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
+
+
+async def test_tp2_constrained_requests_validate(ckpt):
+    """Each rank compiles the grammar; the replica admits it in the same round on both."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    params = SamplingParams(max_tokens=64, temperature=0.0, json_schema=json.dumps(schema))
+    plain = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    path = ckpt("llama")
+    async with await AsyncEngine.start(EngineArgs(model=str(path), tp=2, **SMALL)) as engine:
+        constrained, unconstrained = await asyncio.gather(
+            run_all(engine, [[5, 6, 7]] * 3, params), run_all(engine, parity_prompts()[:3], plain)
+        )
+        await engine.check_idle()
+    for out in constrained:
+        jsonschema.validate(json.loads(out.text), schema)
+    for ids, out in zip(parity_prompts()[:3], unconstrained):
+        assert out.token_ids == hf_greedy(str(path), tuple(ids), 8)[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -24,6 +25,24 @@ SCHEMA = {
 @pytest.fixture
 def oai(http_server) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{http_server.base_url}/v1", api_key=http_server.api_key)
+
+
+async def test_schema_table_through_the_openai_client(oai, http_server):
+    from grammar.test_structured_output import SCHEMAS
+
+    async def one(schema):
+        out = await oai.completions.create(
+            model=http_server.model,
+            prompt="JSON:",
+            max_tokens=256,
+            temperature=0,
+            extra_body={"json_schema": schema},
+        )
+        return out.choices[0].text
+
+    texts = await asyncio.gather(*(one(s) for s in SCHEMAS))
+    for schema, text in zip(SCHEMAS, texts):
+        jsonschema.validate(json.loads(text), schema)
 
 
 async def test_chat_response_format_json_schema(oai, http_server):
