@@ -50,7 +50,7 @@ def rank_main(launch: RankLaunch, ready_fd: int) -> None:
     try:
         _run(launch, report)
     except BaseException as err:
-        logger.error("rank %d failed: %r", launch.rank, err)
+        logger.error("rank %d failed: %r", launch.rank, err, exc_info=True)
         try:
             report("failed", f"{err!r}\n{traceback.format_exc(limit=8)}")
         except OSError:

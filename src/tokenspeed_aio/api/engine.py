@@ -185,7 +185,8 @@ class AsyncEngine:
         """Wait until no request is held anywhere (frontend, control plane, scheduler)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self.frontend.streams or not self._backend.idle(self.frontend):
+        frontend = self.frontend
+        while frontend.streams or frontend.draining or not self._backend.idle(frontend):
             if loop.time() > deadline:
                 return
             await asyncio.sleep(0.01)
@@ -195,6 +196,9 @@ class AsyncEngine:
         await self.wait_idle(timeout)
         if self.frontend.streams:
             raise AssertionError(f"frontend still streams {list(self.frontend.streams)[:8]}")
+        if self.frontend.draining:
+            ending = list(self.frontend.draining)[:8]
+            raise AssertionError(f"frontend still awaits the final output of {ending}")
         self._backend.check_idle(self.frontend)
 
     @property

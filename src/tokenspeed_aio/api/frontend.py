@@ -174,6 +174,10 @@ class Frontend:
         self.vocab_size = vocab_size  # the model's (the engine checks it too)
         self.num_replicas = num_replicas
         self.streams: dict[str, RequestStream] = {}
+        # Rids this side ended (client abort, stop string) whose final output from the
+        # engine has not arrived yet: the wire names a stream by rid alone, so reusing
+        # one now would hand the new stream the old request's tokens and its abort.
+        self.draining: set[str] = set()
         self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
         self.dead: EngineError | None = None
         self._task = asyncio.create_task(self._pump(), name="ts-frontend-outputs")
@@ -249,6 +253,11 @@ class Frontend:
             raise self.dead
         if rid in self.streams:
             raise RequestConflictError(f"request id {rid!r} is already running", param="rid")
+        if rid in self.draining:
+            raise RequestConflictError(
+                f"request id {rid!r} was just aborted and is still ending; use a new id",
+                param="rid",
+            )
         seed = params.seed % 2**63 if params.seed is not None else random.getrandbits(63)
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         replica = self.route()
@@ -265,10 +274,16 @@ class Frontend:
         stream = self.streams.pop(rid, None)
         if stream is None:
             return
-        if not stream.finished:
-            stream.finish_aborted()
+        if stream.finished:
+            return  # its final output arrived: the engine is done with it
+        stream.finish_aborted()
         if self.dead is None:
+            self.draining.add(rid)
             self.connection.send(AbortRequest(rid), stream.replica)
+
+    def in_use(self, rid: str) -> bool:
+        """Whether a new request may not take this id yet (running, or still ending)."""
+        return rid in self.streams or rid in self.draining
 
     def route(self) -> int:
         """The replica with the lowest reported load (running + waiting), counting the
@@ -301,10 +316,15 @@ class Frontend:
             batch = await self.connection.receive()
             self.loads[batch.replica] = (batch.load, time.monotonic())
             for out in batch.outputs:
+                if out.rid in self.draining:  # ended here; the engine's outputs are moot
+                    if out.finished:
+                        self.draining.discard(out.rid)
+                    continue
                 stream = self.streams.get(out.rid)
                 if stream is None or stream.finished:
-                    continue  # aborted by its client: the engine's final output is moot
+                    continue
                 if stream.process(out):
+                    self.draining.add(out.rid)
                     self.connection.send(AbortRequest(out.rid), stream.replica)
                 if stream.finished:
                     del self.streams[out.rid]
@@ -326,6 +346,7 @@ class Frontend:
             stream.finished = True
             stream.queue.put_nowait(err)
         self.streams.clear()
+        self.draining.clear()
 
     async def close(self) -> None:
         """Stop the output task; the connection belongs to whoever opened it."""

@@ -8,6 +8,10 @@ from tokenspeed_aio.api.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20  # top-N logprobs per token, the OpenAI API's own limit
 MAX_N = 16
+# Token ids the sampler bans while min_tokens holds (EOS + stop_token_ids): the width
+# of its fixed per-slot table.
+MAX_BANNED_IDS = 16
+INT64_MAX = 2**63 - 1  # integer settings cross the wire and fill int64 device tables
 
 
 def _check(ok: bool, param: str, message: str) -> None:
@@ -56,6 +60,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
         _check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
+        for name in ("max_tokens", "min_tokens", "top_k"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(value <= INT64_MAX, name, f"must be at most 2**63 - 1, got {value}")
         if self.max_tokens is not None:
             _check(
                 self.min_tokens <= self.max_tokens,

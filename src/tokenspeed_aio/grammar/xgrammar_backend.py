@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import re
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from tokenspeed_aio.grammar.spec import GrammarSpec
@@ -31,6 +32,7 @@ class XGrammarBackend:
         stop_token_ids: tuple[int, ...],
         *,
         max_threads: int = 2,
+        cache_size: int = 128,
     ) -> None:
         self._tokenizer_dir = str(tokenizer_dir)
         self._vocab_size = vocab_size
@@ -40,13 +42,20 @@ class XGrammarBackend:
         )
         self._compiler = None  # built on first use: loading the tokenizer takes seconds
         self._compiler_lock = threading.Lock()
-        self._cache: dict[GrammarSpec, concurrent.futures.Future] = {}
+        # The most recently used grammars, compiled: clients may send endless distinct
+        # schemas, so this is bounded (a matcher keeps its own grammar alive).
+        self._cache: OrderedDict[GrammarSpec, concurrent.futures.Future] = OrderedDict()
+        self._cache_size = cache_size
 
     def compile(self, spec: GrammarSpec) -> concurrent.futures.Future:
-        """A future of the compiled grammar; one compilation per distinct grammar text."""
+        """A future of the compiled grammar; one compilation per distinct grammar text
+        while it stays among the ``cache_size`` most recently used."""
         fut = self._cache.get(spec)
         if fut is None or (fut.done() and fut.exception() is not None):
             fut = self._cache[spec] = self._pool.submit(self._compile, spec)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(spec)
         return fut
 
     def matcher(self, compiled):
@@ -76,7 +85,9 @@ class XGrammarBackend:
                 info = xgr.TokenizerInfo.from_huggingface(
                     tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_ids
                 )
-                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+                # No compiler cache: it would keep every grammar ever compiled (it has
+                # no count bound); the bounded cache above serves repeats.
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
 
     def shutdown(self) -> None:

@@ -26,6 +26,7 @@ from tokenspeed_aio.server.context import HealthCheck, ServerContext
 from tokenspeed_aio.server.errors import install_error_handlers
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.middleware import GuardMiddleware
+from tokenspeed_aio.server.openapi import install_openapi
 from tokenspeed_aio.server.routes_chat import chat_router
 from tokenspeed_aio.server.routes_completions import completions_router
 from tokenspeed_aio.server.routes_info import info_router
@@ -57,6 +58,7 @@ def build_app(
     install_error_handlers(app)
     for router in (info_router, completions_router, chat_router, sglang_router):
         app.include_router(router(ctx))
+    install_openapi(app)
     app.add_middleware(
         GuardMiddleware,
         api_key=api_key,

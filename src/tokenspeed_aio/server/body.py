@@ -40,6 +40,8 @@ async def parse_body(request: Request, kind: type[T]) -> T:
         raise validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise decode_error(body, str(exc)) from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
 
 
 def validation_error(message: str) -> ApiError:

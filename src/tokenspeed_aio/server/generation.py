@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tokenspeed_aio.api.errors import InvalidRequestError
+from tokenspeed_aio.api.errors import InvalidRequestError, RequestConflictError
 from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS, Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.api.sampling_params import SamplingParams
@@ -96,9 +96,9 @@ class Fanout:
         """(job, output) in arrival order until every choice finished. An engine error
         of any choice is raised here (the other choices are aborted)."""
         queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException] = asyncio.Queue()
+        self.registry.add(self)  # first: a request racing us for an id is refused here
         for job in self.jobs:
             self._tasks[job.rid] = asyncio.create_task(self._run(job, queue), name=job.rid)
-        self.registry.add(self)
         remaining = len(self.jobs)
         try:
             while remaining:
@@ -177,9 +177,15 @@ class RequestRegistry:
         self._by_id: dict[str, Fanout] = {}
 
     def add(self, fanout: Fanout) -> None:
-        self._by_id[fanout.request_id] = fanout
-        for job in fanout.jobs:
-            self._by_id[job.rid] = fanout
+        """Register a fanout under its ids; RequestConflictError (nothing registered) when
+        one of them is taken. The route checked them already, but two requests with one
+        rid can both pass that check before either is registered."""
+        keys = {fanout.request_id, *(job.rid for job in fanout.jobs)}
+        taken = next((key for key in keys if key in self._by_id), None)
+        if taken is not None:
+            raise RequestConflictError(f"rid: request {taken!r} is already running", param="rid")
+        for key in keys:
+            self._by_id[key] = fanout
 
     def remove(self, fanout: Fanout) -> None:
         for key in (fanout.request_id, *(job.rid for job in fanout.jobs)):

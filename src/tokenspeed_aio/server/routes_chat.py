@@ -39,6 +39,9 @@ from tokenspeed_aio.server.protocol import (
 )
 from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
 
+# Template variables the server sets itself (the request's own fields, special tokens).
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "bos_token", "eos_token"})
+
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template expects them: text parts joined into a string."""
@@ -48,10 +51,14 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if isinstance(content, list):
             for j, part in enumerate(content):
                 if part.type != "text" or part.text is None:
+                    problem = (
+                        f"only text parts are supported (got type {part.type!r})"
+                        if part.type != "text"
+                        else "a text part needs its 'text'"
+                    )
                     raise ApiError(
                         400,
-                        f"messages[{i}].content[{j}]: only text parts are supported "
-                        f"(got type {part.type!r})",
+                        f"messages[{i}].content[{j}]: {problem}",
                         param=f"messages[{i}].content",
                     )
             content = "\n".join(part.text or "" for part in content)
@@ -74,6 +81,14 @@ async def chat_prompt(ctx: ServerContext, req: ChatCompletionRequest) -> list[in
     messages = template_messages(req.messages)
     tokenizer = ctx.frontend.tokenizer
     kwargs = dict(req.chat_template_kwargs or {})
+    reserved = sorted(kwargs.keys() & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs: {', '.join(reserved)} cannot be set here (the server "
+            "passes them to the template itself)",
+            param="chat_template_kwargs",
+        )
     kwargs["add_generation_prompt"] = req.add_generation_prompt
     size = sum(len(str(m.get("content") or "")) for m in messages)
     if size > ASYNC_TOKENIZE_CHARS:  # jinja over a long conversation: off the loop

@@ -77,6 +77,8 @@ async def resolve(ctx: ServerContext, req: GenerateRequest) -> tuple[list[list[i
     if isinstance(req.text, str):
         return await tokenize(ctx.frontend.tokenizer, [req.text], True), False
     if req.text is not None:
+        if not req.text:
+            raise ApiError(400, "text: the list of prompts is empty", param="text")
         return await tokenize(ctx.frontend.tokenizer, req.text, True), True
     ids = req.input_ids or []
     if ids and all(isinstance(t, int) for t in ids):
@@ -94,6 +96,8 @@ def plan(
     sps = req.sampling_params or GenerateSamplingParams()
     sps = sps if isinstance(sps, list) else [sps] * count
     rids = req.rid if isinstance(req.rid, list) else None
+    if req.rid == "" or (rids is not None and "" in rids):
+        raise ApiError(400, "rid: a request id must be a non-empty string", param="rid")
     if len(sps) != count or (rids is not None and len(rids) != count):
         raise ApiError(400, f"sampling_params and rid: one per prompt ({count})", param="rid")
     request_id = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
@@ -108,7 +112,7 @@ def plan(
             jobs.append(job)
     seen: set[str] = set()
     for job in jobs:
-        if job.rid in seen or ctx.registry.running(job.rid) or job.rid in ctx.frontend.streams:
+        if job.rid in seen or ctx.registry.running(job.rid) or ctx.frontend.in_use(job.rid):
             raise RequestConflictError(f"rid: request {job.rid!r} is already running", param="rid")
         seen.add(job.rid)
     return request_id, jobs

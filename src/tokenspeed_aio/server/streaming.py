@@ -26,9 +26,24 @@ SSE_HEADERS = [
 DONE = b"data: [DONE]\n\n"
 
 
+# Line breaks to str.splitlines() but not to SSE (U+0085, U+2028, U+2029), which JSON
+# leaves unescaped: escaped, so a client that splits the stream into lines with it
+# (httpx's aiter_lines, this project's AsyncClient) never cuts a payload in two. In
+# UTF-8 these byte sequences can only be those characters, inside JSON strings.
+_SPLITLINES_BREAKS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
 def sse_event(payload: Any) -> bytes:
     """One ``data: {...}`` event of a msgspec-encodable payload."""
-    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+    data = msgspec.json.encode(payload)
+    for raw, escaped in _SPLITLINES_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 class ClientDisconnected(Exception):

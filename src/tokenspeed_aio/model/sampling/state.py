@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.api.sampling_params import MAX_BANNED_IDS, SamplingParams
 from tokenspeed_aio.model.sampling.batch import SamplingBatch
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,11 @@ class SamplingState:
     """Sampling settings and penalty state of every slot, on the host and the device."""
 
     def __init__(
-        self, max_slots: int, vocab_size: int, device: torch.device | str, max_stop_ids: int = 16
+        self,
+        max_slots: int,
+        vocab_size: int,
+        device: torch.device | str,
+        max_stop_ids: int = MAX_BANNED_IDS,
     ):
         self.max_slots = max_slots
         self.vocab_size = vocab_size
