@@ -1,0 +1,118 @@
+"""One request's stream in the frontend: tokens, incremental text, stop strings, and the
+queue its ``generate()`` consumer reads."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tokenspeed_aio.api.errors import EngineError, error_from_status
+from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.server.detokenizer import IncrementalDetokenizer, StopStrings
+from tokenspeed_aio.wire.messages import TokenOutput
+
+
+class RequestStream:
+    """One request's stream: accumulates tokens and text, applies stop strings."""
+
+    __slots__ = (
+        "detok",
+        "finished",
+        "logprobs",
+        "num_cached_tokens",
+        "num_prompt_tokens",
+        "params",
+        "prompt_logprobs",
+        "queue",
+        "queue_seconds",
+        "replica",
+        "rid",
+        "sent",
+        "stops",
+        "text",
+        "token_ids",
+    )
+
+    def __init__(
+        self, rid: str, params: SamplingParams, detok: IncrementalDetokenizer, replica: int
+    ) -> None:
+        self.rid = rid
+        self.replica = replica  # the attention-DP replica serving it
+        self.params = params
+        self.detok = detok
+        self.stops = StopStrings(params.stop, params.include_stop_str_in_output)
+        self.token_ids: list[int] = []
+        self.logprobs = [] if params.logprobs is not None else None
+        self.text = ""
+        self.sent = 0  # characters of text already emitted
+        self.num_prompt_tokens = 0  # these three arrive with the first output
+        self.num_cached_tokens = 0
+        self.prompt_logprobs = None
+        self.queue_seconds = 0.0
+        self.finished = False
+        self.queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
+
+    def finish_aborted(self) -> None:
+        self.finished = True
+        self.queue.put_nowait(self._output(self.text[: self.sent], "", True, "abort", None, []))
+
+    def _output(
+        self,
+        text: str,
+        delta: str,
+        finished: bool,
+        reason: str | None,
+        stop_reason: int | str | None,
+        delta_ids: list[int],
+    ) -> RequestOutput:
+        return RequestOutput(
+            rid=self.rid,
+            token_ids=list(self.token_ids),
+            text=text,
+            delta_text=delta,
+            finished=finished,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            prompt_logprobs=self.prompt_logprobs,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+            queue_seconds=self.queue_seconds,
+            delta_token_ids=delta_ids,
+        )
+
+    def process(self, out: TokenOutput) -> bool:
+        """Apply one engine output; True when a stop string ended the request here
+        (the engine must be told to abort it)."""
+        if out.error_status:
+            self.finished = True
+            self.queue.put_nowait(error_from_status(out.error_status, out.error_message or ""))
+            return False
+        if out.num_prompt_tokens:
+            self.num_prompt_tokens = out.num_prompt_tokens
+            self.num_cached_tokens = out.num_cached_tokens
+            self.prompt_logprobs = out.prompt_logprobs
+            self.queue_seconds = out.queue_seconds
+        self.token_ids.extend(out.token_ids)
+        if out.logprobs is not None and self.logprobs is not None:
+            self.logprobs.extend(out.logprobs)
+        new_text = self.detok.step(out.token_ids) if out.token_ids else ""
+        if out.finished:
+            new_text += self.detok.flush()
+        self.text += new_text
+        finished, reason, stop_reason = out.finished, out.finish_reason, out.stop_reason
+        stopped_here = False
+        if self.stops.stops and new_text:
+            hit = self.stops.check(self.text, len(new_text))
+            if hit is not None:
+                self.text, stop_reason = hit
+                stopped_here = not finished
+                finished, reason = True, "stop"
+        visible = self.stops.releasable(self.text, finished)
+        delta = self.text[self.sent : visible]
+        self.sent = max(self.sent, visible)
+        self.finished = finished
+        self.queue.put_nowait(
+            self._output(self.text[:visible], delta, finished, reason, stop_reason, out.token_ids)
+        )
+        return stopped_here
