@@ -3,9 +3,8 @@ chosen tokens' logprobs match within 1e-3 — under every scheduling configurati
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+from helpers.generation import final_outputs
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
@@ -28,13 +27,7 @@ async def generate_all(engine, prompts, **params):
         max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0, **params
     )
 
-    async def one(ids):
-        last = None
-        async for out in engine.generate(prompt_token_ids=ids, sampling_params=sp):
-            last = out
-        return last
-
-    return await asyncio.gather(*(one(p) for p in prompts))
+    return await final_outputs(engine, prompts, sp)
 
 
 @pytest.mark.parametrize("depth", [0, 1])

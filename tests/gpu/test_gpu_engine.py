@@ -3,9 +3,8 @@ and the data plane's rules hold (no host sync, no JIT compile while serving)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+from helpers.generation import final_outputs
 from helpers.prompts import parity_prompts
 
 from tokenspeed_aio.api.engine import AsyncEngine
@@ -16,13 +15,7 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprob
 
 
 async def run_all(engine, prompts, params=GREEDY):
-    async def one(ids):
-        last = None
-        async for out in engine.generate(prompt_token_ids=ids, sampling_params=params):
-            last = out
-        return last
-
-    return await asyncio.gather(*(one(p) for p in prompts))
+    return await final_outputs(engine, prompts, params)
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from helpers.generation import final_outputs
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
@@ -24,13 +25,7 @@ SMALL = dict(max_model_len=512, page_size=4, num_kv_blocks=256, max_num_seqs=16)
 
 
 async def run_all(engine, prompts, params=GREEDY):
-    async def one(ids):
-        last = None
-        async for out in engine.generate(prompt_token_ids=ids, sampling_params=params):
-            last = out
-        return last
-
-    return await asyncio.gather(*(one(p) for p in prompts))
+    return await final_outputs(engine, prompts, params)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from helpers.server import wait_healthy
 
 API_KEY = "reliability-key"
 MODEL = "tiny-llama"
@@ -99,16 +100,6 @@ class Server:
 
 
 IDLE_GAUGES = ("num_requests_running", "num_requests_waiting", "kv_blocks_active")
-
-
-def wait_healthy(base_url: str, alive, timeout: float = STARTUP_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and alive():
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"the server at {base_url} did not become healthy")
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import httpx
 import pytest
 import uvloop
 from helpers.reference import checkpoint_path
+from helpers.server import wait_healthy
 
 from tokenspeed_aio.api.engine import AsyncEngine
 from tokenspeed_aio.args import EngineArgs
@@ -94,16 +95,6 @@ class _ServerThread(threading.Thread):
         if self.loop is not None and self.serving is not None:
             self.loop.call_soon_threadsafe(self.serving.cancel)
         self.join(timeout=60)
-
-
-def wait_healthy(base_url: str, alive, timeout: float = STARTUP_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and alive():
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"the server at {base_url} did not become healthy")
 
 
 @contextlib.contextmanager
