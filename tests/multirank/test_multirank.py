@@ -208,3 +208,39 @@ async def test_tp2_constrained_requests_validate(ckpt):
         jsonschema.validate(json.loads(out.text), schema)
     for ids, out in zip(parity_prompts()[:3], unconstrained):
         assert out.token_ids == hf_greedy(str(path), tuple(ids), 8)[0]
+
+
+def test_health_reports_a_stale_rank_and_recovers(ckpt, tmp_path):
+    """No load report for 3 s (a frozen rank) makes /health 503; reports resume it."""
+    import httpx
+
+    path = ckpt("llama")
+    port = _free_port()
+    command = [
+        *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--port", str(port)),
+        *("--num-kv-blocks", "64", "--page-size", "4", "--max-model-len", "256"),
+    ]
+    with open(tmp_path / "serve.log", "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            [rank] = _wait_for_ranks(server, port, 1, timeout=60)
+            health = f"http://127.0.0.1:{port}/health"
+            _wait_for_status(health, 200)  # the rank's first load report arrived
+            rank.suspend()  # SIGSTOP: the rank stops reporting its load
+            time.sleep(3.5)
+            stale = httpx.get(health, timeout=5)
+            assert stale.status_code == 503 and "no load report" in stale.text, stale.text
+            rank.resume()
+            _wait_for_status(health, 200)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+def _wait_for_status(url: str, status: int, timeout: float = 10) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while httpx.get(url, timeout=5).status_code != status:
+        assert time.monotonic() < deadline, f"{url} did not answer {status}"
+        time.sleep(0.1)
