@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
@@ -91,6 +92,7 @@ class Fanout:
         self.jobs = jobs
         self._tasks: dict[str, asyncio.Task] = {}
         self._aborted: set[str] = set()
+        self._ended: set[str] = set()  # choices whose final output (or error) is queued
 
     async def outputs(self) -> AsyncGenerator[tuple[Job, RequestOutput], None]:
         """(job, output) in arrival order until every choice finished. An engine error
@@ -98,7 +100,8 @@ class Fanout:
         queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException] = asyncio.Queue()
         self.registry.add(self)  # first: a request racing us for an id is refused here
         for job in self.jobs:
-            self._tasks[job.rid] = asyncio.create_task(self._run(job, queue), name=job.rid)
+            task = self._tasks[job.rid] = asyncio.create_task(self._run(job, queue), name=job.rid)
+            task.add_done_callback(functools.partial(self._settled, job, queue))
         remaining = len(self.jobs)
         try:
             while remaining:
@@ -122,6 +125,13 @@ class Fanout:
             self._tasks[r].cancel()
         return running
 
+    def _settled(self, job: Job, queue: asyncio.Queue, task: asyncio.Task) -> None:
+        """A choice aborted before its task ever ran ends here: a task cancelled before
+        its first step runs none of its code, so _run never queued its final output."""
+        if job.rid not in self._ended and job.rid in self._aborted:
+            self._ended.add(job.rid)
+            queue.put_nowait((job, _aborted(job.rid, None)))
+
     async def _run(
         self, job: Job, queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException]
     ) -> None:
@@ -138,14 +148,17 @@ class Fanout:
                     last = out
                     if out.finished:
                         reason = out.finish_reason or "stop"
+                        self._ended.add(job.rid)
                     queue.put_nowait((job, out))
         except asyncio.CancelledError:
             if job.rid not in self._aborted:
                 raise
             if last is None or not last.finished:  # it may have ended as the abort came
+                self._ended.add(job.rid)
                 queue.put_nowait((job, _aborted(job.rid, last)))
         except Exception as exc:
             reason = "error"
+            self._ended.add(job.rid)
             queue.put_nowait(exc)
         finally:
             stats.finish(reason)
