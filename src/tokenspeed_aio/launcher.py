@@ -192,6 +192,3 @@ class Launcher:
 
     def exit_codes(self) -> list[int | None]:
         return [r.proc.poll() for r in self.ranks]
-
-    def pids(self) -> list[int]:
-        return [r.proc.pid for r in self.ranks]

@@ -16,13 +16,10 @@ class DpAgreement:
     def __init__(self, group: DpGroup) -> None:
         self.group = group
         self.engine_idle = False  # every rank idle as of the last round's exchange
-        self.idle_forwards = 0
 
     async def agree(self, num_tokens: int, locally_idle: bool, error: str | None = None) -> bool:
         """True when this rank must run an idle forward this round. A rank-local error
         rides the exchange: every rank raises the same CollectiveError."""
         shares = await self.group.all_gather((num_tokens, locally_idle), error=error)
         self.engine_idle = all(idle for _, idle in shares)
-        idle_forward = num_tokens == 0 and any(n for n, _ in shares)
-        self.idle_forwards += idle_forward
-        return idle_forward
+        return num_tokens == 0 and any(n for n, _ in shares)

@@ -14,7 +14,6 @@ Subscriber = Callable[[list[KVEvent]], None]
 class KVEventPublisher:
     def __init__(self) -> None:
         self._subscribers: list[Subscriber] = []
-        self.published = 0  # events published since start (a metric)
 
     def subscribe(self, fn: Subscriber) -> None:
         self._subscribers.append(fn)
@@ -22,6 +21,5 @@ class KVEventPublisher:
     def publish(self, events: list[KVEvent]) -> None:
         if not events:
             return
-        self.published += len(events)
         for fn in self._subscribers:
             fn(events)

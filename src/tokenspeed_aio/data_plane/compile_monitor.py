@@ -33,7 +33,6 @@ class JitCompileError(RuntimeError):
 class CompileStats:
     serving_compiles: int = 0
     serving_compile_seconds: float = 0.0
-    startup_compiles: int = 0
 
 
 class CompileMonitor:
@@ -72,8 +71,7 @@ class CompileMonitor:
         start = self._started.pop(threading.get_ident(), time.perf_counter())
         seconds = time.perf_counter() - start
         if not self.serving:
-            self.stats.startup_compiles += 1
-            return False
+            return False  # startup compiles on purpose
         fn = kwargs.get("fn")
         name = getattr(getattr(fn, "jit_function", fn), "__name__", None) or kwargs.get("repr", "?")
         self.stats.serving_compiles += 1

@@ -32,14 +32,12 @@ class GcHooks:
     def __init__(self, interval: int = FULL_COLLECTION_INTERVAL) -> None:
         self.interval = interval
         self.forwards = 0
-        self.collections = 0
 
     def forwarded(self) -> None:
         self.forwards += 1
         if self.forwards % self.interval == 0:
             start = time.perf_counter()
             gc.collect()
-            self.collections += 1
             logger.debug(
                 "full gc on the forward thread: %.1f ms", 1e3 * (time.perf_counter() - start)
             )

@@ -317,10 +317,6 @@ class Scheduler:
             total_blocks=self.pool.num_usable,
         )
 
-    @property
-    def has_inflight(self) -> bool:
-        return bool(self._inflight)
-
     def has_work(self) -> bool:
         """Anything to plan: a request to run or a forward to commit."""
         return bool(self.running or self.waiting or self._inflight)
