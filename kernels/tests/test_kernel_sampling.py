@@ -70,4 +70,5 @@ def test_sample_large_vocab_matches_engine_sampler_gpu():
     greedy, sampled = sample(*batch)
     greedy_ref, sampled_ref = sample_reference(*batch)
     assert torch.equal(greedy, greedy_ref)
-    _assert_same_draws(sampled, sampled_ref, *batch)
+    # Natively the kernel's division and logs round as torch's: the very same draws.
+    assert torch.equal(sampled, sampled_ref)

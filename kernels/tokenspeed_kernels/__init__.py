@@ -12,6 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tokenspeed_kernels.activation import silu_and_mul
 from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
 from tokenspeed_kernels.extend_attention import extend_attention
 from tokenspeed_kernels.kv_write import kv_write
@@ -29,4 +30,5 @@ __all__ = [
     "num_kv_splits_for",
     "rms_norm",
     "sample",
+    "silu_and_mul",
 ]

@@ -73,6 +73,12 @@ def fused_add_rms_norm_reference(
     return rms_norm_reference(new_residual, weight, eps), new_residual
 
 
+def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    """HF's SwiGLU gate: ``silu(gate) * up`` in x's dtype, gate and up the halves of x."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
 def rotary_reference(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,8 +12,10 @@ The first ``rotary_dim`` dims of each head rotate by halves (the rest pass throu
     x = [x1 | x2 | rest],  x1, x2 of rotary_dim/2
     out = [x1*cos - x2*sin | x2*cos + x1*sin | rest]
 
-Scaled variants (llama3, linear, ...) only change the cache: build it with
-:func:`build_cos_sin_cache`. One program per token rotates all its q and k heads.
+Each product and the sum round separately in fp32 (no FMA contraction), as torch computes
+them, so fp32 results equal HF's bit for bit. Scaled variants (llama3, linear, ...) only change
+the cache: build it with :func:`build_cos_sin_cache`. One program per token rotates all its q
+and k heads.
 """
 
 from __future__ import annotations
@@ -123,4 +125,5 @@ def apply_rotary(
         BLOCK_QH=triton.next_power_of_2(num_q_heads),
         BLOCK_KH=triton.next_power_of_2(num_kv_heads),
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), num_warps=4,
+        enable_fp_fusion=False,  # no FMA: x1*cos - x2*sin rounds as torch's separate ops
     )  # fmt: skip

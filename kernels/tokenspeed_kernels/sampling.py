@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernels import precise_math
+
 # Must equal the constants of tokenspeed_aio/model/sampling/noise.py (a test checks the draws).
 _M31 = tl.constexpr(0x7FFFFFFF)
 _IV_A = tl.constexpr(0x165667B1)
@@ -54,6 +56,7 @@ def _sample_kernel(
     stride_l,
     vocab,
     BLOCK_V: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     row = tl.program_id(0)
     temperature = tl.load(Temperatures + row)
@@ -85,8 +88,9 @@ def _sample_kernel(
         h = _mix(offs.to(tl.int64) ^ key_a, 0x7FEB352D)
         h = _mix(_mix(h ^ key_b, 0x46B2D2A5), 0x2545F491)
         u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-        # div_rn: round like torch's division, so near-ties break the same way.
-        score = tl.where(mask, tl.math.div_rn(x, safe_t) - tl.log(-tl.log(u)), float("-inf"))
+        # div_rn and the precise log round like torch's ops: the same scores, the same draws.
+        gumbel = -precise_math.log(-precise_math.log(u, PRECISE), PRECISE)
+        score = tl.where(mask, tl.math.div_rn(x, safe_t) + gumbel, float("-inf"))
         # Strictly greater: an earlier tile keeps ties (lowest id wins, as torch.argmax).
         tile_g = tl.max(x, 0)
         idx_g = tl.argmax(x, 0, tie_break_left=True)
@@ -116,6 +120,6 @@ def sample(
     if batch > 0:
         _sample_kernel[(batch,)](
             logits, temperatures, seeds, output_indices, greedy, sampled,
-            logits.stride(0), vocab, BLOCK_V=BLOCK_V, num_warps=8,
+            logits.stride(0), vocab, BLOCK_V=BLOCK_V, PRECISE=precise_math.PRECISE_MATH, num_warps=8,
         )  # fmt: skip
     return greedy, sampled
