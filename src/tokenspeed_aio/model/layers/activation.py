@@ -1,4 +1,5 @@
-"""SwiGLU's gate: silu(gate) * up on a fused [.., 2 * d] projection."""
+"""SwiGLU's gate: silu(gate) * up on a fused [.., 2 * d] projection; one Triton kernel on
+CUDA (``tokenspeed_kernels.activation``, torch's rounding)."""
 
 from __future__ import annotations
 
@@ -9,5 +10,9 @@ from torch import nn
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from tokenspeed_kernels.activation import silu_and_mul
+
+            return silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -1,7 +1,8 @@
 """Rotary position embedding (neox style, as HF Llama/Qwen), with llama3 frequency scaling.
 
 cos/sin for every position are precomputed once in float32 and indexed by ``positions``,
-so a forward does no trigonometry and no host work.
+so a forward does no trigonometry and no host work. On CUDA one Triton kernel rotates q and k
+in place (``tokenspeed_kernels.rotary``, the same float32 rounding as the torch ops).
 """
 
 from __future__ import annotations
@@ -35,7 +36,17 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [n, Hq * D], k [n, Hkv * D] -> rotated copies of the same shapes."""
+        """q [n, Hq * D], k [n, Hkv * D] (head dims contiguous) -> rotated, same shapes.
+
+        On CUDA q and k are rotated in place and returned; elsewhere new tensors.
+        """
+        if q.is_cuda:
+            from tokenspeed_kernels.rotary import apply_rotary
+
+            n = q.shape[0]
+            hd = self.head_dim
+            apply_rotary(q.view(n, -1, hd), k.view(n, -1, hd), positions, self.cos_sin_cache)
+            return q, k
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 

@@ -7,7 +7,8 @@ a result):
 1. raw ``log_softmax`` for logprobs (the model's own distribution, as vLLM reports);
 2. repetition, frequency and presence penalties; the min_tokens ban;
 3. greedy rows: argmax;
-4. sampled rows: temperature, top-k / top-p, min-p, then the Gumbel-max draw
+4. sampled rows (on CUDA without top-k/top-p/min-p: one Triton pass that draws the same
+   tokens, ``tokenspeed_kernels.sampling``): temperature, top-k / top-p, min-p, then the Gumbel-max draw
    ``argmax(logits / T + g)``, which picks token i with probability
    ``softmax(logits / T)[i]``; ``g`` is counter-based Gumbel noise keyed by
    (seed, output_index, token_id), so a seeded row's token is independent of
@@ -88,11 +89,21 @@ class Sampler:
 
         if batch.all_greedy:
             tokens = logits.argmax(dim=-1)
+        elif logits.is_cuda and not (batch.any_top_k or batch.any_top_p or batch.any_min_p):
+            # One pass over the vocabulary, no [B, V] temporaries; the same draws (a test
+            # compares them bit for bit on the GPU).
+            from tokenspeed_kernels.sampling import sample
+
+            _, tokens = sample(logits, batch.temperature, batch.seeds, batch.output_indices)
         else:
             tokens = self._sample(logits, batch)
             if batch.any_greedy:
                 tokens = torch.where(batch.temperature == 0.0, logits.argmax(dim=-1), tokens)
+        return self._output(tokens, logprobs, batch)
 
+    def _output(
+        self, tokens: torch.Tensor, logprobs: torch.Tensor | None, batch: SamplingBatch
+    ) -> SamplerOutput:
         if logprobs is None:
             return SamplerOutput(tokens, None, None, None)
         sampled, top_ids, top_logprobs = _gather_logprobs(
