@@ -4,7 +4,7 @@ and the data plane's rules hold (no host sync, no JIT compile while serving)."""
 from __future__ import annotations
 
 import pytest
-from helpers.generation import final_outputs
+from helpers.generation import final_output, final_outputs
 from helpers.prompts import parity_prompts
 
 from tokenspeed_aio.api.engine import AsyncEngine
@@ -72,3 +72,27 @@ async def test_overlap_matches_no_overlap_on_an_8b_shape(tmp_path):
             tokens[depth] = [o.token_ids for o in outs]
             await engine.check_idle()
     assert tokens[0] == tokens[1]
+
+
+async def test_structured_output_on_gpu_compiles_nothing_while_serving(ckpt):
+    import asyncio
+    import json
+
+    import jsonschema
+    from helpers.schemas import SCHEMAS
+
+    args = EngineArgs(model=str(ckpt("llama")), device="cuda", dtype="float32", max_model_len=1024)
+
+    async def reply(schema):
+        params = SamplingParams(max_tokens=256, temperature=0.0, json_schema=json.dumps(schema))
+        return await final_output(engine, params, [5, 6, 7])
+
+    async with await AsyncEngine.start(args) as engine:
+        # 1, 3 and 17 constrained rows: every variant of the bitmask kernel serving meets.
+        for n in (1, 3, 17):
+            schemas = [SCHEMAS[i % len(SCHEMAS)] for i in range(n)]
+            outs = await asyncio.gather(*(reply(s) for s in schemas))
+            for schema, out in zip(schemas, outs):
+                assert out.finish_reason == "stop", (schema, out.text)
+                jsonschema.validate(json.loads(out.text), schema)
+        await engine.check_idle()

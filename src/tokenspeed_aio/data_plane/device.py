@@ -21,6 +21,7 @@ from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
 from tokenspeed_aio.model.attention.registry import available_backends, create_backend
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.cuda_graph import default_capture_sizes
+from tokenspeed_aio.model.grammar_mask import warm_up_bitmask_kernel
 from tokenspeed_aio.model.kv_cache import (
     allocate_kv_cache,
     kv_cache_bytes_per_block,
@@ -204,6 +205,8 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         runner.capture_graphs(sorted(s for s in sizes if s <= args.max_num_seqs))
     if device.type == "cuda":
         runner.idle_forward()  # the eager decode path's warm-up
+        if args.grammar_backend == "xgrammar":
+            warm_up_bitmask_kernel(config.vocab_size, device)
     logger.info(
         "KV cache: %d blocks x %d tokens = %d concurrent tokens (%.2f GiB); activation peak "
         "%.2f GiB",
