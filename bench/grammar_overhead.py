@@ -1,7 +1,12 @@
 """Per-token cost of structured output: TPOT of constrained vs unconstrained decoding at
 batch 1 and 64, in-process, plus xgrammar's own per-token mask fill time.
 
-    python bench/grammar_overhead.py [--model DIR] [--tokens 64] [--out PATH]
+    python bench/grammar_overhead.py [--model DIR | --shape llama-8b] [--tokens 64] [--out PATH]
+
+``--shape`` runs a named benchmark shape with dummy bf16 weights (on the GPU) and the built-in
+model's tokenizer in place of the shape's synthetic one, which has no JSON punctuation: the
+step is the big model's (its full vocabulary of logits is masked), the mask fill is for the
+tokenizer's 4,096 tokens.
 
 The schema keeps the model generating (an array of at least 400 integers), so every
 request runs its full ``--tokens`` and the comparison is step for step.
@@ -14,13 +19,18 @@ import asyncio
 import itertools
 import json
 import platform
+import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.model_source import DEFAULT_MODEL_DIR
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 SCHEMA = {"type": "array", "items": {"type": "integer"}, "minItems": 400}
 
@@ -74,13 +84,40 @@ def mask_fill_us(model: Path, samples: int = 2000) -> float:
     return 1e6 * total / samples
 
 
+def engine_args(ns: argparse.Namespace) -> EngineArgs:
+    if not ns.shape:
+        return EngineArgs(model=ns.model, dtype="float32", max_model_len=1024, max_num_seqs=64)
+    model = checkpoint_dir(ns.shape, Path(tempfile.mkdtemp()))
+    for name in TOKENIZER_FILES:
+        shutil.copy(DEFAULT_MODEL_DIR / name, model / name)
+    ns.model = str(model)
+    return EngineArgs(
+        model=ns.model,
+        load_format="dummy",
+        dtype="bfloat16",
+        max_model_len=1024,
+        max_num_seqs=64,
+        gpu_memory_utilization=0.85,
+    )
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
+    parser.add_argument("--shape", help="a benchmark shape (e.g. llama-8b) instead of --model")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", default=None)
     ns = parser.parse_args()
-    args = EngineArgs(model=ns.model, dtype="float32", max_model_len=1024, max_num_seqs=64)
+    command = "python bench/grammar_overhead.py " + " ".join(
+        f"--{k} {v}" for k, v in vars(ns).items() if v and not (k == "model" and ns.shape)
+    )
+    args = engine_args(ns)
     rows = []
     async with await AsyncEngine.start(args) as engine:
         await tpot(engine, 1, 8, True)  # compile the grammar and warm up
@@ -88,8 +125,8 @@ async def main() -> None:
             for constrained in (False, True):
                 rows.append(await tpot(engine, batch, ns.tokens, constrained))
     result = {
-        "command": "python bench/grammar_overhead.py "
-        + " ".join(f"--{k} {v}" for k, v in vars(ns).items() if v),
+        "command": command,
+        "device": device_name(),
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d"),
         "commit": subprocess.run(

@@ -70,7 +70,10 @@ def batching_config(concurrency: int, seq_len: int, max_batch_tokens: int):
     mask buffer to match (seconds per manager, gigabytes of memset)."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    page = ContinuousBatchingConfig.page_size
+    # ``page_size`` was ``block_size`` before transformers 5.18 (the GPU machine has 5.17).
+    page = (
+        getattr(ContinuousBatchingConfig, "page_size", None) or ContinuousBatchingConfig.block_size
+    )
     blocks_per_seq = -(-seq_len // page) + 1  # +1: a sequence may straddle one more page
     return ContinuousBatchingConfig(
         max_requests_per_batch=concurrency,

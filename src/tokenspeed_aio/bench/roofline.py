@@ -144,3 +144,22 @@ def measure_bandwidth(
         "best_s": best,
         "bytes_per_s": 2 * size / best,
     }
+
+
+def measure_matmul_peak(device: str, size: int = 8192, iters: int = 10) -> dict[str, Any]:
+    """Dense bf16 matmul rate (FLOP/s) of a CUDA ``device``: the best of ``iters`` square
+    ``size``-cubed products, the compute ceiling a prefill step is held to."""
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    a @ b  # first call: cuBLAS heuristics and workspace
+    best = float("inf")
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return {"size": size, "iters": iters, "best_s": best, "flops_per_s": 2 * size**3 / best}
