@@ -46,15 +46,16 @@ def test_percentiles_are_ordered_and_empty_is_none():
 
 
 def test_control_plane_buckets_decode_rounds_by_running_requests():
-    samples = [RoundSample(0.010, 3, 300)]  # a prefill round: not a decode round
-    samples += [RoundSample(0.001 * (i + 1), 256, 256) for i in range(10)]
-    samples += [RoundSample(0.0005, 5, 5), RoundSample(0.0007, 7, 6)]
+    samples = [RoundSample(0.010, 3, 300, 0.011)]  # a prefill round: not a decode round
+    samples += [RoundSample(0.001 * (i + 1), 256, 256, 0.002 * (i + 1)) for i in range(10)]
+    samples += [RoundSample(0.0005, 5, 5, 0.0005), RoundSample(0.0007, 7, 6, 0.0008)]
     cp = metrics.control_plane(samples)
     assert cp["all_rounds"]["rounds"] == 13 and cp["decode_rounds"]["rounds"] == 12
     buckets = {b["running_from"]: b for b in cp["decode_by_running"]}
     assert set(buckets) == {4, 256}
     assert buckets[4]["running_to"] == 7 and buckets[4]["rounds"] == 2
     assert buckets[256]["cpu_ms_p50"] == pytest.approx(5.5)
+    assert buckets[256]["wall_ms_p50"] == pytest.approx(11.0)
     assert len(cp["raw"]) == 13
     assert metrics.control_plane(None) is None
 

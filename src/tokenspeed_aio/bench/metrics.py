@@ -128,11 +128,16 @@ def _cpu_stats(samples: Sequence[RoundSample]) -> dict[str, Any]:
         "running_mean": float(np.mean([s.running for s in samples])) if samples else None,
         "batch_tokens_mean": float(np.mean([s.batch_tokens for s in samples])) if samples else None,
         **{f"cpu_ms_{k}": v for k, v in percentiles([s.cpu_seconds for s in samples], 1e3).items()},
+        **{
+            f"wall_ms_{k}": v
+            for k, v in percentiles([s.wall_seconds for s in samples], 1e3).items()
+        },
     }
 
 
 def control_plane(samples: Sequence[RoundSample] | None) -> dict[str, Any] | None:
-    """Control-plane CPU time per round with device work, overall and by running requests.
+    """Control-plane time per round with device work (the loop thread's CPU time, and its
+    wall time, which adds GIL waits), overall and by running requests.
 
     ``decode`` rounds are those whose batch is no larger than the running set (no prompt
     chunk in it): the steady state the overhead workload is about. Each sample's
@@ -151,5 +156,5 @@ def control_plane(samples: Sequence[RoundSample] | None) -> dict[str, Any] | Non
             {"running_from": b, "running_to": 2 * b - 1 if b else 0, **_cpu_stats(buckets[b])}
             for b in sorted(buckets)
         ],
-        "raw": [[s.cpu_seconds, s.running, s.batch_tokens] for s in samples],
+        "raw": [[s.cpu_seconds, s.running, s.batch_tokens, s.wall_seconds] for s in samples],
     }

@@ -148,12 +148,21 @@ def render_markdown(doc: dict[str, Any]) -> str:
                     _num(b["rounds"]),
                     _num(b["cpu_ms_p50"], 3),
                     _num(b["cpu_ms_p99"], 3),
+                    _num(b["wall_ms_p50"], 3),
                     _num(b["batch_tokens_mean"]),
                 ]
             )
     if cp_rows:
-        lines += ["", "Control-plane CPU time per decode round, by running requests:", ""]
-        header = ["run", "running", "mean running", "rounds", "ms p50", "ms p99", "batch tokens"]
+        lines += [
+            "",
+            "Control-plane time per decode round, by running requests (CPU: the loop thread's;"
+            " wall: CPU plus waits for the GIL):",
+            "",
+        ]
+        header = [
+            "run", "running", "mean running", "rounds",
+            "CPU ms p50", "CPU ms p99", "wall ms p50", "batch tokens",
+        ]  # fmt: skip
         lines += _table(header, cp_rows)
     for run in doc["runs"]:
         turns = run.get("prefix_cache_by_turn")

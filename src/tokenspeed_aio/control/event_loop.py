@@ -15,7 +15,6 @@ round applies. The scheduler advances only here, at the head and the tail.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 
 from tokenspeed_aio.collective.errors import CollectiveError, MeshError
@@ -159,9 +158,9 @@ class EventLoop:
 
     async def _commit_oldest(self) -> list[Event]:
         plan, pending = self.in_flight.popleft()
-        start = time.perf_counter()
+        since = self.stats.clocks()
         result = await pending.result()
-        self.stats.waited(time.perf_counter() - start)
+        self.stats.waited(since)
         self.jit = (result.jit_compiles, result.jit_compile_seconds)
         return self.output.commit(plan, result)
 

@@ -42,6 +42,7 @@ class Request:
         "status",
         "submitted_at",
         "token_ids",
+        "wants_prompt_logprobs",
     )
 
     def __init__(
@@ -58,6 +59,7 @@ class Request:
         self.token_ids = list(prompt_token_ids)  # prompt + committed outputs
         self.prompt_len = len(prompt_token_ids)
         self.params = params
+        self.wants_prompt_logprobs = params.prompt_logprobs is not None
         self.seed = seed
         self.max_output = max_output  # max_tokens capped by the context length
         self.arrival = arrival
@@ -88,10 +90,6 @@ class Request:
     def num_output(self) -> int:
         """Outputs committed or being sampled."""
         return self.num_tokens - self.prompt_len
-
-    @property
-    def wants_prompt_logprobs(self) -> bool:
-        return self.params.prompt_logprobs is not None
 
     def __repr__(self) -> str:
         return (

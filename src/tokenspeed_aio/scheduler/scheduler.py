@@ -105,33 +105,49 @@ class Scheduler:
         plan = ExecutionPlan(plan_id=self._next_plan_id)
         self._next_plan_id += 1
         budget = self.config.max_num_batched_tokens
+        # Rows and, aligned with them, (request, samples) for the commit: decodes first.
         decodes: list[ScheduledRow] = []
         prefills: list[ScheduledRow] = []
+        decode_reqs: list[tuple[Request, bool]] = []
+        prefill_reqs: list[tuple[Request, bool]] = []
+        running = self.running
         idx = 0
-        while idx < len(self.running) and budget > 0:
-            req = self.running[idx]
-            n = min(req.num_tokens - req.num_computed, budget)
+        # This loop runs for every running request every round: its arithmetic is
+        # inlined (num_tokens, num_output) rather than read through properties.
+        while idx < len(running) and budget > 0:
+            req = running[idx]
+            num_tokens = len(req.token_ids) + req.num_pending
+            n = min(num_tokens - req.num_computed, budget)
             if n <= 0 or (
-                req.num_computed + n == req.num_tokens and req.num_output >= req.max_output
+                req.num_computed + n == num_tokens and num_tokens - req.prompt_len >= req.max_output
             ):
                 idx += 1  # everything it needs is dispatched; its commit will finish it
                 continue
             if not self._reserve(req, n, plan):
                 continue  # req itself was retracted or aborted and left self.running
             row = self._schedule(req, n, new_owner=None)
-            (decodes if row.token_ids is None else prefills).append(row)
+            if row.token_ids is None:
+                decodes.append(row)
+                decode_reqs.append((req, row.sample))
+            else:
+                prefills.append(row)
+                prefill_reqs.append((req, row.sample))
             budget -= n
             idx += 1
         if not plan.num_retracted:
-            budget = self._admit(plan, prefills, budget)
+            budget = self._admit(plan, prefills, prefill_reqs, budget)
         plan.rows = decodes + prefills
         if plan.rows:
-            self._inflight[plan.plan_id] = [
-                (self.requests[row.rid], row.sample) for row in plan.rows
-            ]
+            self._inflight[plan.plan_id] = decode_reqs + prefill_reqs
         return plan
 
-    def _admit(self, plan: ExecutionPlan, rows: list[ScheduledRow], budget: int) -> int:
+    def _admit(
+        self,
+        plan: ExecutionPlan,
+        rows: list[ScheduledRow],
+        row_reqs: list[tuple[Request, bool]],
+        budget: int,
+    ) -> int:
         page = self.page_size
         while self.waiting and budget > 0 and self._free_slots:
             req = self.waiting[0]
@@ -164,7 +180,9 @@ class Scheduler:
                 prompt_token_ids=req.token_ids[: req.prompt_len],
                 output_token_ids=req.token_ids[req.prompt_len :],
             )
-            rows.append(self._schedule(req, n, new_owner=owner))
+            row = self._schedule(req, n, new_owner=owner)
+            rows.append(row)
+            row_reqs.append((req, row.sample))
             budget -= n
         return budget
 
@@ -261,7 +279,8 @@ class Scheduler:
                 token = event.accepted.get(req.rid)
                 if token is not None and req.status is not Status.FINISHED:
                     req.token_ids.append(token)
-                    if req.status is Status.RUNNING:
+                    # Only a token that completes a page can complete a block.
+                    if req.status is Status.RUNNING and len(req.token_ids) % self.page_size == 0:
                         self._publish_full_blocks(req)
             if req.status is Status.FINISHED and req.num_inflight == 0:
                 del self.requests[req.rid]
