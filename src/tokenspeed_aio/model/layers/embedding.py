@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed_aio.model.layers.linear import linear
 from tokenspeed_aio.model.layers.weights import check_shape
 from tokenspeed_aio.model.parallel import tp_all_gather, tp_all_reduce, tp_rank, tp_size
 
@@ -49,5 +50,5 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> [n, vocab] float32 logits over the full vocab."""
-        logits = tp_all_gather(F.linear(hidden_states, self.weight), dim=-1)
+        logits = tp_all_gather(linear(hidden_states, self.weight), dim=-1)
         return logits[:, : self.num_embeddings].float()

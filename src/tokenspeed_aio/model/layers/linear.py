@@ -5,6 +5,10 @@ communication; a row-parallel layer splits the input features and all-reduces it
 partial sums. A column-parallel layer feeding a row-parallel one therefore costs one
 all-reduce per pair. Every ``weight_loader`` takes the FULL checkpoint tensor and
 copies this rank's shard into the (already sharded) parameter.
+
+Batch-1 products on CUDA whose weight shape has a measured Triton config
+(``tokenspeed_kernels.gemv.CONFIGS``: the shapes where it read the weight faster than
+cuBLAS) run that kernel; everything else is ``F.linear``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,17 @@ from tokenspeed_aio.model.layers.weights import check_shape
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """``F.linear``, or the batch-1 Triton product where it was measured faster."""
+    if x.is_cuda and x.shape[0] == 1:
+        from tokenspeed_kernels.gemv import CONFIGS, gemv
+
+        config = CONFIGS.get(tuple(weight.shape))
+        if config is not None:
+            return gemv(x, weight, bias, config)
+    return F.linear(x, weight, bias)
+
+
 class _ColumnShardedLinear(nn.Module):
     """Holds this rank's rows of W (and b); subclasses decide which rows those are."""
 
@@ -29,7 +44,7 @@ class _ColumnShardedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(local_output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def _copy_rows(
         self, param: torch.Tensor, loaded: torch.Tensor, full_rows: int, src: int, dst: int, n: int
@@ -136,7 +151,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(F.linear(x, self.weight))
+        y = tp_all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
     def weight_loader(
