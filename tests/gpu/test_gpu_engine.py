@@ -3,6 +3,8 @@ and the data plane's rules hold (no host sync, no JIT compile while serving)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from helpers.generation import final_output, final_outputs
 from helpers.prompts import parity_prompts
@@ -75,7 +77,6 @@ async def test_overlap_matches_no_overlap_on_an_8b_shape(tmp_path):
 
 
 async def test_structured_output_on_gpu_compiles_nothing_while_serving(ckpt):
-    import asyncio
     import json
 
     import jsonschema
@@ -96,3 +97,23 @@ async def test_structured_output_on_gpu_compiles_nothing_while_serving(ckpt):
                 assert out.finish_reason == "stop", (schema, out.text)
                 jsonschema.validate(json.loads(out.text), schema)
         await engine.check_idle()
+
+
+async def test_seeded_sampling_on_gpu_is_independent_of_its_batch(ckpt):
+    # Temperature rows take the one-pass Triton sampler; each row must read its own
+    # temperature and seed (rows 1.. of a batch too) and compile nothing while serving.
+    args = EngineArgs(model=str(ckpt("llama")), device="cuda", dtype="float32", max_model_len=1024)
+    seeded = SamplingParams(max_tokens=16, temperature=0.8, seed=1234, ignore_eos=True)
+    async with await AsyncEngine.start(args) as engine:
+        (alone,) = await final_outputs(engine, [[5, 6, 7]], seeded)
+        neighbours = [
+            SamplingParams(max_tokens=16, temperature=t, seed=i, ignore_eos=True)
+            for i, t in enumerate((0.0, 1.5, 0.3))
+        ]
+        outs = await asyncio.gather(
+            *(final_output(engine, p, [9, 10, 11 + i]) for i, p in enumerate(neighbours)),
+            final_output(engine, seeded, [5, 6, 7]),
+        )
+        await engine.check_idle()
+    assert outs[-1].token_ids == alone.token_ids
+    assert len({tuple(o.token_ids) for o in outs}) > 1

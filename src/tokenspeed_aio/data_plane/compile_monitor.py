@@ -2,10 +2,13 @@
 
 A Triton compilation on the forward thread stalls the round for 100 ms to seconds.
 Startup compiles on purpose (graph capture, warm-up); ``install`` hooks Triton's
-compiler before anything is built, and ``mark_serving`` (entering serving) closes
-the window: from then on each compilation is logged with its kernel and duration,
-and counted (exported as tokenspeed:jit_serving_compiles / _compile_seconds).
-``TOKENSPEED_JIT_COMPILE_CHECK=error`` raises at the compiling call instead.
+compiler before anything is built, and ``mark_serving`` (entering serving, on the
+forward thread) closes the window: from then on each compilation on that thread is
+logged with its kernel and duration, and counted (exported as
+tokenspeed:jit_serving_compiles / _compile_seconds). ``TOKENSPEED_JIT_COMPILE_CHECK=error``
+(read when a device build starts) raises at the compiling call instead. Shutting the
+device side down (``end_serving``) reopens the window, so a process that embeds an
+engine compiles freely again once it stopped.
 
 A kernel parameter that keeps taking new values from one call site (a per-batch
 value passed as tl.constexpr) shows as the same kernel compiling again and again;
@@ -35,16 +38,24 @@ class CompileStats:
     serving_compile_seconds: float = 0.0
 
 
+def check_mode() -> str:
+    mode = os.environ.get(CHECK_ENV, "warn").lower()
+    if mode not in ("warn", "error"):
+        raise ValueError(f"{CHECK_ENV} must be 'warn' or 'error', got {mode!r}")
+    return mode
+
+
 class CompileMonitor:
-    def __init__(self, mode: str | None = None) -> None:
-        mode = (mode or os.environ.get(CHECK_ENV, "warn")).lower()
-        if mode not in ("warn", "error"):
-            raise ValueError(f"{CHECK_ENV} must be 'warn' or 'error', got {mode!r}")
-        self.mode = mode
+    def __init__(self) -> None:
+        self.mode = check_mode()
         self.stats = CompileStats()
-        self.serving = False
+        self._serving_thread: int | None = None  # the forward thread, once it serves
         self._started: dict[int, float] = {}  # thread id -> compile start
         self._seen: dict[str, int] = {}  # kernel name -> serving compiles
+
+    @property
+    def serving(self) -> bool:
+        return self._serving_thread is not None
 
     def install(self) -> bool:
         """Hook Triton's JIT (no-op without Triton). True when installed."""
@@ -58,20 +69,26 @@ class CompileMonitor:
 
     def begin_startup(self) -> None:
         """A device build starts: its compilations are startup's."""
-        self.serving = False
+        self.mode = check_mode()
+        self._serving_thread = None
 
     def mark_serving(self) -> None:
-        self.serving = True
+        """Called on the forward thread: its compilations from now on are serving's."""
+        self._serving_thread = threading.get_ident()
+
+    def end_serving(self) -> None:
+        self._serving_thread = None
 
     def _before_compile(self, *args, **kwargs) -> bool:
         self._started[threading.get_ident()] = time.perf_counter()
         return False  # never skip the compilation
 
     def _after_compile(self, *args, **kwargs) -> bool:
-        start = self._started.pop(threading.get_ident(), time.perf_counter())
+        thread = threading.get_ident()
+        start = self._started.pop(thread, time.perf_counter())
         seconds = time.perf_counter() - start
-        if not self.serving:
-            return False  # startup compiles on purpose
+        if thread != self._serving_thread:
+            return False  # startup compiles on purpose; other threads are not the round's
         fn = kwargs.get("fn")
         name = getattr(getattr(fn, "jit_function", fn), "__name__", None) or kwargs.get("repr", "?")
         self.stats.serving_compiles += 1

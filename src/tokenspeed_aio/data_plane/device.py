@@ -32,6 +32,7 @@ from tokenspeed_aio.model.loader import load_model, resolve_dtype
 from tokenspeed_aio.model.memory_profile import activation_peak_bytes
 from tokenspeed_aio.model.parallel import init_tensor_parallel
 from tokenspeed_aio.model.runner import ModelRunner
+from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class DeviceHandle:
         return self._runner.timeline.summary()
 
     def shutdown(self) -> None:
+        compile_monitor().end_serving()
         self._runner = None
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -205,6 +207,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         runner.capture_graphs(sorted(s for s in sizes if s <= args.max_num_seqs))
     if device.type == "cuda":
         runner.idle_forward()  # the eager decode path's warm-up
+        warm_up_sampling_kernel(config.vocab_size, device)
         if args.grammar_backend == "xgrammar":
             warm_up_bitmask_kernel(config.vocab_size, device)
     logger.info(

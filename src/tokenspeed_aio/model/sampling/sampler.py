@@ -94,7 +94,9 @@ class Sampler:
             # compares them bit for bit on the GPU).
             from tokenspeed_kernels.sampling import sample
 
-            _, tokens = sample(logits, batch.temperature, batch.seeds, batch.output_indices)
+            # The kernel reads contiguous [B] vectors; these two are columns of a table.
+            temperature, seeds = batch.temperature.contiguous(), batch.seeds.contiguous()
+            _, tokens = sample(logits, temperature, seeds, batch.output_indices)
         else:
             tokens = self._sample(logits, batch)
             if batch.any_greedy:
@@ -147,3 +149,15 @@ class Sampler:
             noise = gumbel_noise(batch.seeds[rows], batch.output_indices[rows], token_ids)
             parts.append(noise.add_(logits[rows]).argmax(dim=-1))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def warm_up_sampling_kernel(vocab_size: int, device: torch.device) -> None:
+    """Compile the one-pass Triton sampler at startup, as serving calls it (float32 logits
+    of the model's vocabulary, 16-byte-aligned [B] vectors), not under the first request
+    with a temperature."""
+    from tokenspeed_kernels.sampling import sample
+
+    logits = torch.zeros(1, vocab_size, dtype=torch.float32, device=device)
+    ones = torch.ones(1, dtype=torch.float32, device=device)
+    zeros = torch.zeros(1, dtype=torch.int64, device=device)
+    sample(logits, ones, zeros, zeros.clone())

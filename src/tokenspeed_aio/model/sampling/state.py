@@ -152,7 +152,11 @@ class SamplingState:
         banning = (steps < host_i[:, _MIN_TOKENS]) & (host_i[:, _BANNED] >= 0)
         any_penalties = bool(penalized.any())
 
-        index = _to_device(np.stack([rows, steps]), self.device)
+        # [2, B] rounded up to an even B: both rows start 16-byte aligned, so a kernel that
+        # reads them (Triton specializes on pointer alignment) compiles once, not per parity.
+        width = len(rows) + len(rows) % 2
+        index = _to_device(np.stack([np.resize(rows, width), np.resize(steps, width)]), self.device)
+        index = index[:, : len(rows)]
         dev_f = self._f32.index_select(0, index[0])
         dev_i = self._i64.index_select(0, index[0])
         return SamplingBatch(
