@@ -95,18 +95,22 @@ class OutputProcessor:
     ) -> list[ForwardCommitted | RequestFinished]:
         accepted: dict[str, int] = {}
         finished: list[RequestFinished] = []
+        states = self._states
+        if result.prompt_logprobs:
+            for rid, lps in result.prompt_logprobs.items():
+                if rid in states:
+                    states[rid].prompt_logprobs.extend(lps)
         logprobs = result.logprobs
-        prompt_lps = result.prompt_logprobs
+        tokens = result.tokens
         i = 0
+        # Runs for every running request every round: kept to dict and attribute reads.
         for row in plan.rows:
-            state = self._states.get(row.rid)
-            if state is not None and prompt_lps and row.rid in prompt_lps:
-                state.prompt_logprobs.extend(prompt_lps[row.rid])
             if not row.sample:
                 continue
-            token = result.tokens[i]
+            token = tokens[i]
             lp = logprobs[i] if logprobs is not None else None
             i += 1
+            state = states.get(row.rid)
             if state is None:
                 continue  # ended while this forward was in flight: drop its token
             accepted[row.rid] = token
@@ -124,7 +128,9 @@ class OutputProcessor:
     def _append(
         self, state: OutputState, token: int, lp: TokenLogprobs | None
     ) -> tuple[str | None, int | None]:
-        out = self._output(state)
+        out = self._pending.get(state.req.rid)
+        if out is None:
+            out = self._output(state)
         out.token_ids.append(token)
         if lp is not None and state.req.params.logprobs is not None:
             if out.logprobs is None:

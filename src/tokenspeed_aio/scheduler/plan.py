@@ -75,21 +75,16 @@ class ExecutionPlan:
     rows: list[ScheduledRow] = field(default_factory=list)  # decodes first, then prefills
     aborts: list[PlannedAbort] = field(default_factory=list)
     num_retracted: int = 0  # requests retracted to free blocks this round (preemptions)
+    # Summaries the scheduler keeps while it builds the rows (each read every round):
+    num_tokens: int = 0  # sum of the rows' num_tokens
+    has_grammar: bool = False  # some sampling row carries a grammar matcher
 
     def needs_device(self) -> bool:
         return bool(self.rows)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(r.num_tokens for r in self.rows)
-
-    @property
     def sample_rows(self) -> list[ScheduledRow]:
         return [r for r in self.rows if r.sample]
-
-    @property
-    def has_grammar(self) -> bool:
-        return any(r.grammar is not None and r.sample for r in self.rows)
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True):

@@ -111,9 +111,10 @@ class Scheduler:
         decode_reqs: list[tuple[Request, bool]] = []
         prefill_reqs: list[tuple[Request, bool]] = []
         running = self.running
+        page = self.page_size
         idx = 0
         # This loop runs for every running request every round: its arithmetic is
-        # inlined (num_tokens, num_output) rather than read through properties.
+        # inlined (num_tokens, num_output, "needs a block") rather than called.
         while idx < len(running) and budget > 0:
             req = running[idx]
             num_tokens = len(req.token_ids) + req.num_pending
@@ -123,9 +124,9 @@ class Scheduler:
             ):
                 idx += 1  # everything it needs is dispatched; its commit will finish it
                 continue
-            if not self._reserve(req, n, plan):
+            if req.num_computed + n > len(req.block_ids) * page and not self._reserve(req, n, plan):
                 continue  # req itself was retracted or aborted and left self.running
-            row = self._schedule(req, n, new_owner=None)
+            row = self._schedule(plan, req, n, new_owner=None)
             if row.token_ids is None:
                 decodes.append(row)
                 decode_reqs.append((req, row.sample))
@@ -137,6 +138,7 @@ class Scheduler:
         if not plan.num_retracted:
             budget = self._admit(plan, prefills, prefill_reqs, budget)
         plan.rows = decodes + prefills
+        plan.num_tokens = self.config.max_num_batched_tokens - budget
         if plan.rows:
             self._inflight[plan.plan_id] = decode_reqs + prefill_reqs
         return plan
@@ -180,7 +182,7 @@ class Scheduler:
                 prompt_token_ids=req.token_ids[: req.prompt_len],
                 output_token_ids=req.token_ids[req.prompt_len :],
             )
-            row = self._schedule(req, n, new_owner=owner)
+            row = self._schedule(plan, req, n, new_owner=owner)
             rows.append(row)
             row_reqs.append((req, row.sample))
             budget -= n
@@ -212,9 +214,12 @@ class Scheduler:
             req.block_ids.extend(self.pool.allocate(need))
         return True
 
-    def _schedule(self, req: Request, n: int, new_owner: NewSlotOwner | None) -> ScheduledRow:
+    def _schedule(
+        self, plan: ExecutionPlan, req: Request, n: int, new_owner: NewSlotOwner | None
+    ) -> ScheduledRow:
         start = req.num_computed
-        sample = start + n == req.num_tokens
+        num_tokens = len(req.token_ids) + req.num_pending
+        sample = start + n == num_tokens
         # Once the slot sampled, every row is a decode whose single input is the token
         # the slot sampled last: the device has it, the host may not yet (depth >= 1).
         is_decode = req.sampled_on_slot
@@ -230,19 +235,22 @@ class Scheduler:
             new_block_ids=req.block_ids[req.num_blocks_sent :],
             block_offset=req.num_blocks_sent,
             sample=sample,
-            output_index=req.num_output,
+            output_index=num_tokens - req.prompt_len,
             new_owner=new_owner,
             prompt_logprob_targets=targets,
             prompt_logprobs=req.params.prompt_logprobs or 0,
             grammar=req.grammar if sample else None,
         )
+        if row.grammar is not None:
+            plan.has_grammar = True
         req.num_blocks_sent = len(req.block_ids)
         req.num_computed += n
         req.num_inflight += 1
         if sample:
             req.num_pending += 1
             req.sampled_on_slot = True
-        self._publish_full_blocks(req)
+        if min(req.num_computed, len(req.token_ids)) // self.page_size > req.num_cached_blocks:
+            self._publish_full_blocks(req)  # a block's tokens are now all dispatched
         return row
 
     def _retract(self, req: Request) -> None:
