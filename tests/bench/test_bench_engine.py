@@ -67,6 +67,7 @@ async def test_workload_runs_in_process_with_sane_numbers(name, tiny_engine_args
         cp = run["control_plane"]
         assert cp["all_rounds"]["rounds"] > 0 and cp["decode_rounds"]["rounds"] > 0
         assert ordered({k[7:]: v for k, v in cp["all_rounds"].items() if k.startswith("cpu_ms")})
+        assert ordered({k[8:]: v for k, v in cp["all_rounds"].items() if k.startswith("wall_ms")})
         assert run["gpu_idle_fraction"] is None
         if spec.uniform_lengths() and spec.concurrency:
             assert run["roofline"]["expected_output_tokens_per_s"] > 0
@@ -75,7 +76,7 @@ async def test_workload_runs_in_process_with_sane_numbers(name, tiny_engine_args
             assert run["roofline"] is None
     text = report.render_markdown(doc)
     assert all(f"| {r.name} |" in text for r in workload.runs)
-    assert "Control-plane CPU time per decode round" in text
+    assert "Control-plane time per decode round" in text and "wall ms p50" in text
 
 
 async def test_agentic_turns_hit_the_prefix_cache(tiny_engine_args, tiny_tokens):
