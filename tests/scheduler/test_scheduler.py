@@ -254,3 +254,22 @@ def test_kv_events_net_per_round():
     events = d.sched.drain_kv_events()
     assert sum(isinstance(e, BlockRemoved) for e in events) == 2
     assert d.sched.drain_kv_events() == []
+
+
+def test_rows_carry_each_field_by_name():
+    # The scheduler builds rows positionally (once per running request per round): a field
+    # reordered in ScheduledRow must show up here, not as a silently swapped value.
+    d = Driver(depth=1)
+    d.sched.submit([make_request("a", [11, 12, 13, 14, 15, 16], 3, prompt_logprobs=1)])
+    (first,) = d.sched.next_execution_plan().rows
+    assert (first.rid, first.start, first.num_tokens) == ("a", 0, 6)
+    assert first.token_ids == [11, 12, 13, 14, 15, 16]
+    assert len(first.new_block_ids) == 2 and first.block_offset == 0
+    assert first.sample and first.output_index == 0 and first.grammar is None
+    assert first.new_owner is not None and first.new_owner.prompt_token_ids[:2] == [11, 12]
+    assert first.prompt_logprob_targets == [12, 13, 14, 15, 16] and first.prompt_logprobs == 1
+    (second,) = d.sched.next_execution_plan().rows  # a decode, its input still in flight
+    assert (second.slot, second.start, second.num_tokens) == (first.slot, 6, 1)
+    assert second.token_ids is None and second.new_owner is None
+    assert second.new_block_ids == [] and second.block_offset == 2
+    assert second.output_index == 1 and second.prompt_logprob_targets is None

@@ -226,20 +226,22 @@ class Scheduler:
         targets = None
         if req.wants_prompt_logprobs and start < req.prompt_len:
             targets = req.token_ids[start + 1 : min(start + n + 1, req.prompt_len)]
+        # Positional, in field order: keyword binding costs twice as much, once per running
+        # request per round.
         row = ScheduledRow(
-            rid=req.rid,
-            slot=req.slot,
-            start=start,
-            num_tokens=n,
-            token_ids=None if is_decode else req.token_ids[start : start + n],
-            new_block_ids=req.block_ids[req.num_blocks_sent :],
-            block_offset=req.num_blocks_sent,
-            sample=sample,
-            output_index=num_tokens - req.prompt_len,
-            new_owner=new_owner,
-            prompt_logprob_targets=targets,
-            prompt_logprobs=req.params.prompt_logprobs or 0,
-            grammar=req.grammar if sample else None,
+            req.rid,  # rid
+            req.slot,  # slot
+            start,  # start
+            n,  # num_tokens
+            None if is_decode else req.token_ids[start : start + n],  # token_ids
+            req.block_ids[req.num_blocks_sent :],  # new_block_ids
+            req.num_blocks_sent,  # block_offset
+            sample,  # sample
+            num_tokens - req.prompt_len,  # output_index
+            new_owner,  # new_owner
+            targets,  # prompt_logprob_targets
+            req.params.prompt_logprobs or 0,  # prompt_logprobs
+            req.grammar if sample else None,  # grammar
         )
         if row.grammar is not None:
             plan.has_grammar = True
