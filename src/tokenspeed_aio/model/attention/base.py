@@ -1,4 +1,4 @@
-"""The attention backend interface every implementation (torch, triton, flashinfer) serves.
+"""The attention backend interface every implementation (torch, triton) serves.
 
 A backend owns two things for one layer of one forward: writing the forward's new k/v
 into the paged cache, and attending each row's new queries over its cached positions.

@@ -1,5 +1,5 @@
 """Attention backends by name. Factories import their implementation lazily, so an optional
-dependency (triton, flashinfer) is imported only when that backend is chosen.
+dependency (triton) is imported only when that backend is chosen.
 
 A new backend adds one ``register_backend`` call at the bottom. ``create_backend``'s keyword
 arguments are construction hints every backend is offered (``max_model_len``, ...); a
