@@ -2,7 +2,9 @@ import pytest
 import torch
 from kernel_testing import DEVICE, assert_close, gpu_test
 from tokenspeed_kernels.reference import rotary_reference
-from tokenspeed_kernels.rotary import apply_rotary, build_cos_sin_cache
+from tokenspeed_kernels.rotary import apply_rotary
+
+from tokenspeed_aio.model.layers.rotary import build_cos_sin_cache
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",

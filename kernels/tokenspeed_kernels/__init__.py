@@ -17,12 +17,11 @@ from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_
 from tokenspeed_kernels.extend_attention import extend_attention
 from tokenspeed_kernels.kv_write import kv_write
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm, rms_norm
-from tokenspeed_kernels.rotary import apply_rotary, build_cos_sin_cache
+from tokenspeed_kernels.rotary import apply_rotary
 from tokenspeed_kernels.sampling import sample
 
 __all__ = [
     "apply_rotary",
-    "build_cos_sin_cache",
     "decode_attention",
     "extend_attention",
     "fused_add_rms_norm",

@@ -14,50 +14,15 @@ The first ``rotary_dim`` dims of each head rotate by halves (the rest pass throu
 
 Each product and the sum round separately in fp32 (no FMA contraction), as torch computes
 them, so fp32 results equal HF's bit for bit. Scaled variants (llama3, linear, ...) only change
-the cache: build it with :func:`build_cos_sin_cache`. One program per token rotates all its q
-and k heads.
+the cache, which the model builds (``tokenspeed_aio.model.layers.rotary.build_cos_sin_cache``).
+One program per token rotates all its q and k heads.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
-
-
-def build_cos_sin_cache(
-    rotary_dim: int, max_position: int, base: float, rope_scaling: dict | None = None
-) -> torch.Tensor:
-    """The [max_position, rotary_dim] fp32 cos/sin cache, as HF computes its inv_freq.
-
-    ``rope_scaling`` may be None/"default", ``{"rope_type": "linear", "factor"}`` or
-    ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-    "original_max_position_embeddings"}``.
-    """
-    # fp32 throughout, as HF: matching its rounding keeps long positions token-identical.
-    inv_freq = 1.0 / base ** (
-        torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
-    )
-    kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
-    if kind == "linear":
-        inv_freq = inv_freq / rope_scaling["factor"]
-    elif kind == "llama3":
-        factor = rope_scaling["factor"]
-        low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
-        old_len = rope_scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        blended = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        inv_freq = torch.where(medium, blended, scaled)
-    elif kind != "default":
-        raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported")
-    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
 
 @triton.jit

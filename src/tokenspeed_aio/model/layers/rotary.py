@@ -24,13 +24,7 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = head_dim
-        # Same arithmetic as transformers so float32 results match it exactly.
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
-        inv_freq = 1.0 / (base**exponents)
-        if scaling is not None:
-            inv_freq = _llama3_inv_freq(inv_freq, scaling)
-        freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq
-        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        cache = build_cos_sin_cache(head_dim, max_position, base, scaling)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(
@@ -56,19 +50,34 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    """Llama 3.1 scaling: slow frequencies divided by ``factor``, a smooth ramp in between."""
-    if scaling["rope_type"] != "llama3":
-        raise ValueError(f"unsupported rope type {scaling['rope_type']!r}")
-    factor = scaling["factor"]
-    low_freq_factor = scaling["low_freq_factor"]
-    high_freq_factor = scaling["high_freq_factor"]
-    old_context_len = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
+def build_cos_sin_cache(
+    rotary_dim: int, max_position: int, base: float, rope_scaling: dict | None = None
+) -> torch.Tensor:
+    """The [max_position, rotary_dim] fp32 cos/sin cache, as HF computes its inv_freq.
+
+    ``rope_scaling`` may be None/"default", ``{"rope_type": "linear", "factor"}`` or
+    ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}``.
+    """
+    # fp32 throughout, as HF: matching its rounding keeps long positions token-identical.
+    inv_freq = 1.0 / base ** (
+        torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    )
+    kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+    if kind == "linear":
+        inv_freq = inv_freq / rope_scaling["factor"]
+    elif kind == "llama3":
+        factor = rope_scaling["factor"]
+        low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+        old_len = rope_scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(medium, blended, scaled)
+    elif kind != "default":
+        raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported")
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
