@@ -5,12 +5,11 @@
 The bench's roofline is decode-only: every output step at (weights + KV bytes) / bandwidth.
 But each request's prompt must also be computed once, and a prompt is compute-bound: its
 floor is its FLOPs at the dense matmul rate (``decode_profile.py`` measures it in the same
-kind of run). Per prompt of L tokens::
+kind of run). Per prompt of L tokens (``roofline.prompt_flops``)::
 
-    2 * (layer + final-norm parameters) * L          projections, MLPs (no LM head: only
-                                                      the last position is projected)
+    2 * (decoder-layer parameters) * L               projections, MLPs, norms
     + 2 * (2 * L * L / 2) * q_size * layers          causal QK^T and PV
-    + 2 * vocab * hidden                              the LM head on the last position
+    + 2 * vocab * hidden                              the LM head, on the last position only
 
 The floor of the whole run is then (decode-only floor time + prefill floor time), and
 ``achieved / that`` is what is left for the engine to win. Prints one row per level.
@@ -23,17 +22,9 @@ import json
 import tempfile
 from pathlib import Path
 
+from tokenspeed_aio.bench.roofline import prompt_flops
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.model.config import ModelConfig
-
-
-def prompt_flops(config: ModelConfig, length: int) -> float:
-    h, layers = config.hidden_size, config.num_hidden_layers
-    q, kv = config.q_size, config.kv_size
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
-    dense = 2 * layers * per_layer * length
-    attention = 2 * 2 * (length * length / 2) * q * layers
-    return dense + attention + 2 * config.vocab_size * h
 
 
 def main() -> None:

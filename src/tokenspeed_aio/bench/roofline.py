@@ -22,6 +22,28 @@ from tokenspeed_aio.model.config import ModelConfig
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
+def layer_params(config: ModelConfig) -> int:
+    """Parameters of one decoder layer: projections, biases, norms."""
+    h, q, kv = config.hidden_size, config.q_size, config.kv_size
+    attention = h * q + 2 * h * kv + q * h
+    if config.attention_bias:
+        attention += q + 2 * kv
+    if config.o_proj_bias:
+        attention += h
+    if config.qk_norm:
+        attention += 2 * config.head_dim
+    return attention + 3 * h * config.intermediate_size + 2 * h  # + two RMSNorms
+
+
+def prompt_flops(config: ModelConfig, length: int) -> float:
+    """FLOPs of a fresh ``length``-token prompt: every layer's parameters once per token,
+    causal QK^T and PV, and the LM head on the last position only."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    dense = 2 * layers * layer_params(config) * length
+    attention = 2 * 2 * (length * length / 2) * config.q_size * layers
+    return dense + attention + 2 * config.vocab_size * h
+
+
 @dataclass(frozen=True)
 class ModelBytes:
     total_weight_bytes: int  # every parameter, as stored
@@ -34,15 +56,7 @@ class ModelBytes:
         """Byte counts of ``config`` with weights and KV cache in ``dtype``."""
         width = DTYPE_BYTES[dtype]
         h, layers = config.hidden_size, config.num_hidden_layers
-        q, kv = config.q_size, config.kv_size
-        attention = h * q + 2 * h * kv + q * h
-        if config.attention_bias:
-            attention += q + 2 * kv
-        if config.o_proj_bias:
-            attention += h
-        if config.qk_norm:
-            attention += 2 * config.head_dim
-        per_layer = attention + 3 * h * config.intermediate_size + 2 * h  # + two RMSNorms
+        per_layer = layer_params(config)
         embedding = config.vocab_size * h
         head = 0 if config.tie_word_embeddings else config.vocab_size * h
         params = embedding + layers * per_layer + h + head  # + the final norm
@@ -52,7 +66,7 @@ class ModelBytes:
             total_weight_bytes=params * width,
             step_weight_bytes=step_params * width,
             embedding_row_bytes=h * width,
-            kv_bytes_per_token=2 * layers * kv * width,
+            kv_bytes_per_token=2 * layers * config.kv_size * width,
         )
 
     def step_bytes(self, context_lens: list[int]) -> int:
