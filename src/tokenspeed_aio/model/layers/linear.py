@@ -22,7 +22,7 @@ from tokenspeed_aio.model.layers.weights import check_shape
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, or the batch-1 Triton product where it was measured faster."""
     if x.is_cuda and x.shape[0] == 1:
         from tokenspeed_kernels.gemv import CONFIGS, gemv
