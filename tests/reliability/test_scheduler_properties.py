@@ -130,11 +130,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.advance(events)
 
     def _commit(self, plan, result):
-        accepted, finished = {}, []
+        accepted, finished = [], []
         for row, tok in zip(plan.sample_rows, result.tokens):
             if self.ended[row.rid]:
-                continue  # ended while this forward was in flight: its token is dropped
-            accepted[row.rid] = tok
+                accepted.append(None)  # ended while this forward was in flight: dropped
+                continue
+            accepted.append(tok)
             out = self.outputs[row.rid]
             out.append(tok)
             if tok == self.eos:

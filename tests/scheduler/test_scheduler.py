@@ -62,11 +62,12 @@ class Driver:
         depth = self.depth if plan.needs_device() else 0
         while len(self.inflight) > depth:
             plan_done, result = self.inflight.popleft()
-            accepted, ended = {}, []
+            accepted, ended = [], []
             for row, tok in zip(plan_done.sample_rows, result.tokens):
                 if row.rid in self.finished:
+                    accepted.append(None)
                     continue
-                accepted[row.rid] = tok
+                accepted.append(tok)
                 out = self.outputs[row.rid]
                 out.append(tok)
                 if len(out) >= self.limits[row.rid] or tok == self.eos:

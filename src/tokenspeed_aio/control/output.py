@@ -35,13 +35,26 @@ def refusal(rid: str, status: int, message: str | None, reason: str = "error") -
 
 
 class OutputState:
-    __slots__ = ("num_output", "prompt_logprobs", "req", "sent_first", "stop_ids")
+    __slots__ = (
+        "max_output",
+        "min_tokens",
+        "num_output",
+        "prompt_logprobs",
+        "req",
+        "sent_first",
+        "stop_ids",
+        "wants_logprobs",
+    )
 
     def __init__(self, req: Request, eos_token_ids: frozenset[int]) -> None:
         self.req = req  # read-only here: prompt length, params, cached tokens
         self.num_output = 0
         self.sent_first = False
         params = req.params
+        # Read by every commit of the request: kept here rather than behind req.params.
+        self.max_output = req.max_output
+        self.min_tokens = params.min_tokens
+        self.wants_logprobs = params.logprobs is not None
         self.stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else eos_token_ids
         )
@@ -93,74 +106,69 @@ class OutputProcessor:
     def commit(
         self, plan: ExecutionPlan, result: ForwardResult
     ) -> list[ForwardCommitted | RequestFinished]:
-        accepted: dict[str, int] = {}
-        finished: list[RequestFinished] = []
         states = self._states
         if result.prompt_logprobs:
             for rid, lps in result.prompt_logprobs.items():
                 if rid in states:
                     states[rid].prompt_logprobs.extend(lps)
+        pending = self._pending
         logprobs = result.logprobs
         tokens = result.tokens
-        i = 0
-        # Runs for every running request every round: kept to dict and attribute reads.
+        accepted: list[int | None] = []
+        finished: list[RequestFinished] = []
+        i = -1
+        # Runs for every running request every round: the common path (a token appended,
+        # no stop) is kept to local, dict and attribute reads, with no call.
         for row in plan.rows:
             if not row.sample:
                 continue
-            token = tokens[i]
-            lp = logprobs[i] if logprobs is not None else None
             i += 1
-            state = states.get(row.rid)
+            rid = row.rid
+            state = states.get(rid)
             if state is None:
-                continue  # ended while this forward was in flight: drop its token
-            accepted[row.rid] = token
-            reason, stop_reason = self._append(state, token, lp)
-            if reason == "error":
-                self._end(
-                    row.rid, "error", status=500, message=f"the grammar rejected token {token}"
-                )
-                finished.append(RequestFinished(row.rid))
-            elif reason is not None:
-                self._end(row.rid, reason, stop_reason=stop_reason)
-                finished.append(RequestFinished(row.rid))
+                accepted.append(None)  # ended while this forward was in flight: drop it
+                continue
+            token = tokens[i]
+            accepted.append(token)
+            out = pending.get(rid)
+            if out is None:
+                out = self._new_output(state)
+            out.token_ids.append(token)
+            if logprobs is not None and state.wants_logprobs:
+                if out.logprobs is None:
+                    out.logprobs = []
+                out.logprobs.append(logprobs[i])
+            state.num_output = num_output = state.num_output + 1
+            matcher = state.req.grammar
+            if matcher is not None:  # the commit advances the grammar (Principle 4)
+                if not matcher.accept_token(token):
+                    message = f"the grammar rejected token {token}"
+                    self._end(rid, "error", status=500, message=message)
+                    finished.append(RequestFinished(rid))
+                    continue
+                if matcher.is_terminated():
+                    stop_reason = token if token in state.stop_ids else None
+                    self._end(rid, "stop", stop_reason=stop_reason)
+                    finished.append(RequestFinished(rid))
+                    continue
+            if token in state.stop_ids and num_output >= state.min_tokens:
+                self._end(rid, "stop", stop_reason=token)
+                finished.append(RequestFinished(rid))
+            elif num_output >= state.max_output:
+                self._end(rid, "length")
+                finished.append(RequestFinished(rid))
         return [ForwardCommitted(plan.plan_id, accepted), *finished]
 
-    def _append(
-        self, state: OutputState, token: int, lp: TokenLogprobs | None
-    ) -> tuple[str | None, int | None]:
-        out = self._pending.get(state.req.rid)
-        if out is None:
-            out = self._output(state)
-        out.token_ids.append(token)
-        if lp is not None and state.req.params.logprobs is not None:
-            if out.logprobs is None:
-                out.logprobs = []
-            out.logprobs.append(lp)
-        state.num_output += 1
-        req = state.req
-        matcher = req.grammar
-        if matcher is not None:  # the commit advances the grammar (Principle 4)
-            if not matcher.accept_token(token):
-                return "error", None
-            if matcher.is_terminated():
-                return "stop", token if token in state.stop_ids else None
-        if token in state.stop_ids and state.num_output >= req.params.min_tokens:
-            return "stop", token
-        if state.num_output >= req.max_output:
-            return "length", None
-        return None, None
-
-    def _output(self, state: OutputState) -> TokenOutput:
+    def _new_output(self, state: OutputState) -> TokenOutput:
+        """Start the request's output of this round (it has none yet)."""
         rid = state.req.rid
-        out = self._pending.get(rid)
-        if out is None:
-            out = self._pending[rid] = TokenOutput(rid=rid, token_ids=[])
-            if not state.sent_first:
-                state.sent_first = True
-                out.num_prompt_tokens = state.req.prompt_len
-                out.num_cached_tokens = state.req.num_cached_tokens
-                out.queue_seconds = state.req.queue_seconds
-                out.prompt_logprobs = state.prompt_logprobs
+        out = self._pending[rid] = TokenOutput(rid, [])
+        if not state.sent_first:
+            state.sent_first = True
+            out.num_prompt_tokens = state.req.prompt_len
+            out.num_cached_tokens = state.req.num_cached_tokens
+            out.queue_seconds = state.req.queue_seconds
+            out.prompt_logprobs = state.prompt_logprobs
         return out
 
     def _end(
@@ -172,7 +180,10 @@ class OutputProcessor:
         status: int = 0,
         message: str | None = None,
     ) -> None:
-        out = self._output(self._states.pop(rid))
+        state = self._states.pop(rid)
+        out = self._pending.get(rid)
+        if out is None:
+            out = self._new_output(state)
         out.finished = True
         out.finish_reason = reason
         out.stop_reason = stop_reason

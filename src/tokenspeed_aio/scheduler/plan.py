@@ -113,7 +113,9 @@ class ForwardCommitted:
     """Tail event: a dispatched forward's results were committed by the output module."""
 
     plan_id: int
-    accepted: dict[str, int]  # rid -> token appended (finished requests' extra tokens dropped)
+    # One per sampling row, in row order: the token appended, or None where the request
+    # had ended while the forward was in flight (its extra token is dropped).
+    tokens: list[int | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
-        self._inflight: dict[int, list[tuple[Request, bool]]] = {}  # plan id -> (request, sampled)
+        # plan id -> the dispatched plan's requests, aligned with its rows
+        self._inflight: dict[int, tuple[list[Request], list[ScheduledRow]]] = {}
         self._next_plan_id = 0
         self._arrivals = 0
         self.num_retractions = 0  # preemptions since start (a metric)
@@ -105,11 +106,11 @@ class Scheduler:
         plan = ExecutionPlan(plan_id=self._next_plan_id)
         self._next_plan_id += 1
         budget = self.config.max_num_batched_tokens
-        # Rows and, aligned with them, (request, samples) for the commit: decodes first.
+        # Rows and, aligned with them, their requests for the commit: decodes first.
         decodes: list[ScheduledRow] = []
         prefills: list[ScheduledRow] = []
-        decode_reqs: list[tuple[Request, bool]] = []
-        prefill_reqs: list[tuple[Request, bool]] = []
+        decode_reqs: list[Request] = []
+        prefill_reqs: list[Request] = []
         running = self.running
         page = self.page_size
         idx = 0
@@ -129,10 +130,10 @@ class Scheduler:
             row = self._schedule(plan, req, n, new_owner=None)
             if row.token_ids is None:
                 decodes.append(row)
-                decode_reqs.append((req, row.sample))
+                decode_reqs.append(req)
             else:
                 prefills.append(row)
-                prefill_reqs.append((req, row.sample))
+                prefill_reqs.append(req)
             budget -= n
             idx += 1
         if not plan.num_retracted:
@@ -140,14 +141,14 @@ class Scheduler:
         plan.rows = decodes + prefills
         plan.num_tokens = self.config.max_num_batched_tokens - budget
         if plan.rows:
-            self._inflight[plan.plan_id] = decode_reqs + prefill_reqs
+            self._inflight[plan.plan_id] = (decode_reqs + prefill_reqs, plan.rows)
         return plan
 
     def _admit(
         self,
         plan: ExecutionPlan,
         rows: list[ScheduledRow],
-        row_reqs: list[tuple[Request, bool]],
+        row_reqs: list[Request],
         budget: int,
     ) -> int:
         page = self.page_size
@@ -182,9 +183,8 @@ class Scheduler:
                 prompt_token_ids=req.token_ids[: req.prompt_len],
                 output_token_ids=req.token_ids[req.prompt_len :],
             )
-            row = self._schedule(plan, req, n, new_owner=owner)
-            rows.append(row)
-            row_reqs.append((req, row.sample))
+            rows.append(self._schedule(plan, req, n, new_owner=owner))
+            row_reqs.append(req)
             budget -= n
         return budget
 
@@ -282,17 +282,27 @@ class Scheduler:
                     self._finish(req)
 
     def _committed(self, event: ForwardCommitted) -> None:
-        for req, sampled in self._inflight.pop(event.plan_id):
+        reqs, rows = self._inflight.pop(event.plan_id)
+        tokens = iter(event.tokens)
+        # Status members read once: an enum attribute read costs as much as the rest of
+        # a request's commit.
+        finished = Status.FINISHED
+        running = Status.RUNNING
+        page = self.page_size
+        for req, row in zip(reqs, rows):
             req.num_inflight -= 1
-            if sampled:
+            status = req.status
+            if row.sample:
                 req.num_pending -= 1
-                token = event.accepted.get(req.rid)
-                if token is not None and req.status is not Status.FINISHED:
-                    req.token_ids.append(token)
+                token = next(tokens)
+                if token is not None and status is not finished:
+                    token_ids = req.token_ids
+                    token_ids.append(token)
                     # Only a token that completes a page can complete a block.
-                    if req.status is Status.RUNNING and len(req.token_ids) % self.page_size == 0:
+                    if len(token_ids) % page == 0 and status is running:
                         self._publish_full_blocks(req)
-            if req.status is Status.FINISHED and req.num_inflight == 0:
+                    continue
+            if status is finished and req.num_inflight == 0:
                 del self.requests[req.rid]
 
     def _finish(self, req: Request) -> None:
