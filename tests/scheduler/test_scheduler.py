@@ -272,5 +272,5 @@ def test_rows_carry_each_field_by_name():
     (second,) = d.sched.next_execution_plan().rows  # a decode, its input still in flight
     assert (second.slot, second.start, second.num_tokens) == (first.slot, 6, 1)
     assert second.token_ids is None and second.new_owner is None
-    assert second.new_block_ids == [] and second.block_offset == 2
+    assert second.new_block_ids == () and second.block_offset == 2
     assert second.output_index == 1 and second.prompt_logprob_targets is None

@@ -42,7 +42,9 @@ class ScheduledRow(NamedTuple):
     # input is the token the slot's previous forward sampled, read on the device
     # (future tokens), so dispatch never waits for that forward's commit.
     token_ids: list[int] | None
-    new_block_ids: list[int]  # blocks appended to the slot's block table by this round
+    # Blocks appended to the slot's block table by this round. A tuple: most rows append
+    # none, and the empty tuple is a shared constant, not one more object per row per round.
+    new_block_ids: tuple[int, ...]
     block_offset: int  # index in the slot's block table of new_block_ids[0]
     sample: bool  # the row reaches the end of known tokens, so it samples the next one
     output_index: int  # outputs before the sampled one: seeded noise and min_tokens key on it

@@ -32,6 +32,7 @@ class Request:
         "num_computed",
         "num_inflight",
         "num_pending",
+        "num_prompt_logprobs",
         "params",
         "prompt_len",
         "queue_seconds",
@@ -60,6 +61,7 @@ class Request:
         self.prompt_len = len(prompt_token_ids)
         self.params = params
         self.wants_prompt_logprobs = params.prompt_logprobs is not None
+        self.num_prompt_logprobs = params.prompt_logprobs or 0  # top-N, read by every row
         self.seed = seed
         self.max_output = max_output  # max_tokens capped by the context length
         self.arrival = arrival

@@ -37,6 +37,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
 
 
+_make_row = ScheduledRow._make
+
+
 class SubmissionRejected(ValueError):
     """The whole submission batch was refused; nothing of it was inserted."""
 
@@ -113,21 +116,25 @@ class Scheduler:
         prefill_reqs: list[Request] = []
         running = self.running
         page = self.page_size
+        schedule = self._schedule
         idx = 0
         # This loop runs for every running request every round: its arithmetic is
         # inlined (num_tokens, num_output, "needs a block") rather than called.
         while idx < len(running) and budget > 0:
             req = running[idx]
             num_tokens = len(req.token_ids) + req.num_pending
-            n = min(num_tokens - req.num_computed, budget)
+            computed = req.num_computed
+            n = num_tokens - computed
+            if n > budget:
+                n = budget
             if n <= 0 or (
-                req.num_computed + n == num_tokens and num_tokens - req.prompt_len >= req.max_output
+                computed + n == num_tokens and num_tokens - req.prompt_len >= req.max_output
             ):
                 idx += 1  # everything it needs is dispatched; its commit will finish it
                 continue
-            if req.num_computed + n > len(req.block_ids) * page and not self._reserve(req, n, plan):
+            if computed + n > len(req.block_ids) * page and not self._reserve(req, n, plan):
                 continue  # req itself was retracted or aborted and left self.running
-            row = self._schedule(plan, req, n, new_owner=None)
+            row = schedule(plan, req, n, num_tokens, None)
             if row.token_ids is None:
                 decodes.append(row)
                 decode_reqs.append(req)
@@ -183,7 +190,7 @@ class Scheduler:
                 prompt_token_ids=req.token_ids[: req.prompt_len],
                 output_token_ids=req.token_ids[req.prompt_len :],
             )
-            rows.append(self._schedule(plan, req, n, new_owner=owner))
+            rows.append(self._schedule(plan, req, n, req.num_tokens, owner))
             row_reqs.append(req)
             budget -= n
         return budget
@@ -215,43 +222,60 @@ class Scheduler:
         return True
 
     def _schedule(
-        self, plan: ExecutionPlan, req: Request, n: int, new_owner: NewSlotOwner | None
+        self,
+        plan: ExecutionPlan,
+        req: Request,
+        n: int,
+        num_tokens: int,
+        new_owner: NewSlotOwner | None,
     ) -> ScheduledRow:
+        """Schedule n tokens of req (``num_tokens`` known plus pending). Runs once per
+        running request per round: its reads of req are made once, into locals."""
         start = req.num_computed
-        num_tokens = len(req.token_ids) + req.num_pending
-        sample = start + n == num_tokens
+        end = start + n
+        sample = end == num_tokens
+        token_ids = req.token_ids
+        prompt_len = req.prompt_len
+        block_ids = req.block_ids
+        num_blocks = len(block_ids)
+        sent = req.num_blocks_sent
         # Once the slot sampled, every row is a decode whose single input is the token
         # the slot sampled last: the device has it, the host may not yet (depth >= 1).
-        is_decode = req.sampled_on_slot
+        on_slot = req.sampled_on_slot
         targets = None
-        if req.wants_prompt_logprobs and start < req.prompt_len:
-            targets = req.token_ids[start + 1 : min(start + n + 1, req.prompt_len)]
-        # Positional, in field order: keyword binding costs twice as much, once per running
-        # request per round.
-        row = ScheduledRow(
-            req.rid,  # rid
-            req.slot,  # slot
-            start,  # start
-            n,  # num_tokens
-            None if is_decode else req.token_ids[start : start + n],  # token_ids
-            req.block_ids[req.num_blocks_sent :],  # new_block_ids
-            req.num_blocks_sent,  # block_offset
-            sample,  # sample
-            num_tokens - req.prompt_len,  # output_index
-            new_owner,  # new_owner
-            targets,  # prompt_logprob_targets
-            req.params.prompt_logprobs or 0,  # prompt_logprobs
-            req.grammar if sample else None,  # grammar
-        )
-        if row.grammar is not None:
+        if start < prompt_len and req.wants_prompt_logprobs:
+            targets = token_ids[start + 1 : min(end + 1, prompt_len)]
+        grammar = req.grammar if sample else None
+        if grammar is not None:
             plan.has_grammar = True
-        req.num_blocks_sent = len(req.block_ids)
-        req.num_computed += n
+        # _make takes the fields as one tuple, in field order: the cheapest way to build
+        # a row, once per running request per round.
+        row = _make_row(
+            (
+                req.rid,  # rid
+                req.slot,  # slot
+                start,  # start
+                n,  # num_tokens
+                None if on_slot else token_ids[start:end],  # token_ids
+                () if num_blocks == sent else tuple(block_ids[sent:]),  # new_block_ids
+                sent,  # block_offset
+                sample,  # sample
+                num_tokens - prompt_len,  # output_index
+                new_owner,  # new_owner
+                targets,  # prompt_logprob_targets
+                req.num_prompt_logprobs,  # prompt_logprobs
+                grammar,  # grammar
+            )
+        )
+        req.num_blocks_sent = num_blocks
+        req.num_computed = end
         req.num_inflight += 1
         if sample:
             req.num_pending += 1
-            req.sampled_on_slot = True
-        if min(req.num_computed, len(req.token_ids)) // self.page_size > req.num_cached_blocks:
+            if not on_slot:
+                req.sampled_on_slot = True
+        known = len(token_ids)
+        if (end if end < known else known) // self.page_size > req.num_cached_blocks:
             self._publish_full_blocks(req)  # a block's tokens are now all dispatched
         return row
 
