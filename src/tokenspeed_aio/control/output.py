@@ -9,6 +9,7 @@ and tells the scheduler through events the round applies at its tail.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
@@ -112,32 +113,32 @@ class OutputProcessor:
                 if rid in states:
                     states[rid].prompt_logprobs.extend(lps)
         pending = self._pending
-        logprobs = result.logprobs
         tokens = result.tokens
+        # One token (and logprob) per sampling row, in row order; usually every row samples.
+        rows = plan.rows if len(tokens) == len(plan.rows) else plan.sample_rows
+        logprobs = repeat(None) if result.logprobs is None else result.logprobs
         accepted: list[int | None] = []
         finished: list[RequestFinished] = []
-        i = -1
         # Runs for every running request every round: the common path (a token appended,
-        # no stop) is kept to local, dict and attribute reads, with no call.
-        for row in plan.rows:
-            if not row.sample:
-                continue
-            i += 1
+        # no stop) is kept to local, dict and attribute reads.
+        for row, token, lp in zip(rows, tokens, logprobs):
             rid = row.rid
             state = states.get(rid)
             if state is None:
                 accepted.append(None)  # ended while this forward was in flight: drop it
                 continue
-            token = tokens[i]
             accepted.append(token)
             out = pending.get(rid)
-            if out is None:
-                out = self._new_output(state)
-            out.token_ids.append(token)
-            if logprobs is not None and state.wants_logprobs:
+            if out is None:  # the request's first token this round: its output starts here
+                out = pending[rid] = TokenOutput(rid, [token])
+                if not state.sent_first:
+                    self._first_output(out, state)
+            else:
+                out.token_ids.append(token)
+            if lp is not None and state.wants_logprobs:
                 if out.logprobs is None:
                     out.logprobs = []
-                out.logprobs.append(logprobs[i])
+                out.logprobs.append(lp)
             state.num_output = num_output = state.num_output + 1
             matcher = state.req.grammar
             if matcher is not None:  # the commit advances the grammar (Principle 4)
@@ -159,17 +160,23 @@ class OutputProcessor:
                 finished.append(RequestFinished(rid))
         return [ForwardCommitted(plan.plan_id, accepted), *finished]
 
-    def _new_output(self, state: OutputState) -> TokenOutput:
-        """Start the request's output of this round (it has none yet)."""
-        rid = state.req.rid
-        out = self._pending[rid] = TokenOutput(rid, [])
-        if not state.sent_first:
-            state.sent_first = True
-            out.num_prompt_tokens = state.req.prompt_len
-            out.num_cached_tokens = state.req.num_cached_tokens
-            out.queue_seconds = state.req.queue_seconds
-            out.prompt_logprobs = state.prompt_logprobs
+    def _output(self, rid: str, state: OutputState) -> TokenOutput:
+        """The request's output of this round, started on first use."""
+        out = self._pending.get(rid)
+        if out is None:
+            out = self._pending[rid] = TokenOutput(rid, [])
+            if not state.sent_first:
+                self._first_output(out, state)
         return out
+
+    @staticmethod
+    def _first_output(out: TokenOutput, state: OutputState) -> None:
+        """The request's first output also carries what the client learns once."""
+        state.sent_first = True
+        out.num_prompt_tokens = state.req.prompt_len
+        out.num_cached_tokens = state.req.num_cached_tokens
+        out.queue_seconds = state.req.queue_seconds
+        out.prompt_logprobs = state.prompt_logprobs
 
     def _end(
         self,
@@ -180,10 +187,7 @@ class OutputProcessor:
         status: int = 0,
         message: str | None = None,
     ) -> None:
-        state = self._states.pop(rid)
-        out = self._pending.get(rid)
-        if out is None:
-            out = self._new_output(state)
+        out = self._output(rid, self._states.pop(rid))
         out.finished = True
         out.finish_reason = reason
         out.stop_reason = stop_reason
