@@ -56,9 +56,10 @@ class OutputState:
         self.max_output = req.max_output
         self.min_tokens = params.min_tokens
         self.wants_logprobs = params.logprobs is not None
-        self.stop_ids = frozenset(params.stop_token_ids) | (
-            frozenset() if params.ignore_eos else eos_token_ids
-        )
+        stop_ids = frozenset() if params.ignore_eos else eos_token_ids
+        if params.stop_token_ids:
+            stop_ids = stop_ids | frozenset(params.stop_token_ids)
+        self.stop_ids = stop_ids  # usually the processor's one EOS set, not a copy
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
             [None] if params.prompt_logprobs is not None else None  # the first token has none
         )
@@ -140,7 +141,7 @@ class OutputProcessor:
                     out.logprobs = []
                 out.logprobs.append(lp)
             state.num_output = num_output = state.num_output + 1
-            matcher = state.req.grammar
+            matcher = row.grammar  # the request's matcher, on its sampling rows
             if matcher is not None:  # the commit advances the grammar (Principle 4)
                 if not matcher.accept_token(token):
                     message = f"the grammar rejected token {token}"
