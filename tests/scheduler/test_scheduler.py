@@ -274,3 +274,4 @@ def test_rows_carry_each_field_by_name():
     assert second.token_ids is None and second.new_owner is None
     assert second.new_block_ids == () and second.block_offset == 2
     assert second.output_index == 1 and second.prompt_logprob_targets is None
+    assert second.sample and second.prompt_logprobs == 1 and second.grammar is None

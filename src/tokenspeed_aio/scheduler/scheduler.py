@@ -116,7 +116,8 @@ class Scheduler:
         prefill_reqs: list[Request] = []
         running = self.running
         page = self.page_size
-        schedule = self._schedule
+        decode = self._schedule_decode
+        prefill = self._schedule_prefill
         idx = 0
         # This loop runs for every running request every round: its arithmetic is
         # inlined (num_tokens, num_output, "needs a block") rather than called.
@@ -134,12 +135,11 @@ class Scheduler:
                 continue
             if computed + n > len(req.block_ids) * page and not self._reserve(req, n, plan):
                 continue  # req itself was retracted or aborted and left self.running
-            row = schedule(plan, req, n, num_tokens, None)
-            if row.token_ids is None:
-                decodes.append(row)
+            if req.sampled_on_slot:  # a decode: n == 1, the position its slot sampled
+                decodes.append(decode(plan, req, num_tokens))
                 decode_reqs.append(req)
             else:
-                prefills.append(row)
+                prefills.append(prefill(plan, req, n, num_tokens, None))
                 prefill_reqs.append(req)
             budget -= n
             idx += 1
@@ -190,7 +190,7 @@ class Scheduler:
                 prompt_token_ids=req.token_ids[: req.prompt_len],
                 output_token_ids=req.token_ids[req.prompt_len :],
             )
-            rows.append(self._schedule(plan, req, n, req.num_tokens, owner))
+            rows.append(self._schedule_prefill(plan, req, n, req.num_tokens, owner))
             row_reqs.append(req)
             budget -= n
         return budget
@@ -221,7 +221,48 @@ class Scheduler:
             req.block_ids.extend(self.pool.allocate(need))
         return True
 
-    def _schedule(
+    # The two row builders below run once per running request per round: each reads the
+    # request's fields once, into locals, and builds the row with _make (its fields as one
+    # tuple, in field order: the cheapest way to build a NamedTuple).
+    def _schedule_decode(self, plan: ExecutionPlan, req: Request, num_tokens: int) -> ScheduledRow:
+        """A decode: the slot sampled the request's last token, so the row is that one
+        position, whose input the device holds (the host may not yet, at depth >= 1), and
+        it samples the next token."""
+        start = req.num_computed
+        block_ids = req.block_ids
+        num_blocks = len(block_ids)
+        sent = req.num_blocks_sent
+        grammar = req.grammar
+        if grammar is not None:
+            plan.has_grammar = True
+        row = _make_row(
+            (
+                req.rid,  # rid
+                req.slot,  # slot
+                start,  # start
+                1,  # num_tokens
+                None,  # token_ids
+                () if num_blocks == sent else tuple(block_ids[sent:]),  # new_block_ids
+                sent,  # block_offset
+                True,  # sample
+                num_tokens - req.prompt_len,  # output_index
+                None,  # new_owner
+                None,  # prompt_logprob_targets: a decode is past the prompt
+                req.num_prompt_logprobs,  # prompt_logprobs
+                grammar,  # grammar
+            )
+        )
+        req.num_blocks_sent = num_blocks
+        req.num_computed = start + 1
+        req.num_inflight += 1
+        req.num_pending += 1
+        # A decode reaches the end of the known tokens (its input is the last of them, or
+        # still pending): a block completes when a committed token fills a page.
+        if len(req.token_ids) // self.page_size > req.num_cached_blocks:
+            self._publish_full_blocks(req)
+        return row
+
+    def _schedule_prefill(
         self,
         plan: ExecutionPlan,
         req: Request,
@@ -229,8 +270,8 @@ class Scheduler:
         num_tokens: int,
         new_owner: NewSlotOwner | None,
     ) -> ScheduledRow:
-        """Schedule n tokens of req (``num_tokens`` known plus pending). Runs once per
-        running request per round: its reads of req are made once, into locals."""
+        """A prefill chunk: n positions from num_computed whose inputs the host knows; it
+        samples when it reaches the end of the known tokens (num_tokens)."""
         start = req.num_computed
         end = start + n
         sample = end == num_tokens
@@ -239,24 +280,19 @@ class Scheduler:
         block_ids = req.block_ids
         num_blocks = len(block_ids)
         sent = req.num_blocks_sent
-        # Once the slot sampled, every row is a decode whose single input is the token
-        # the slot sampled last: the device has it, the host may not yet (depth >= 1).
-        on_slot = req.sampled_on_slot
         targets = None
         if start < prompt_len and req.wants_prompt_logprobs:
             targets = token_ids[start + 1 : min(end + 1, prompt_len)]
         grammar = req.grammar if sample else None
         if grammar is not None:
             plan.has_grammar = True
-        # _make takes the fields as one tuple, in field order: the cheapest way to build
-        # a row, once per running request per round.
         row = _make_row(
             (
                 req.rid,  # rid
                 req.slot,  # slot
                 start,  # start
                 n,  # num_tokens
-                None if on_slot else token_ids[start:end],  # token_ids
+                token_ids[start:end],  # token_ids
                 () if num_blocks == sent else tuple(block_ids[sent:]),  # new_block_ids
                 sent,  # block_offset
                 sample,  # sample
@@ -272,8 +308,7 @@ class Scheduler:
         req.num_inflight += 1
         if sample:
             req.num_pending += 1
-            if not on_slot:
-                req.sampled_on_slot = True
+            req.sampled_on_slot = True  # from now on its rows are decodes
         known = len(token_ids)
         if (end if end < known else known) // self.page_size > req.num_cached_blocks:
             self._publish_full_blocks(req)  # a block's tokens are now all dispatched
