@@ -2,7 +2,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, gpu_test
 from tokenspeed_kernels.reference import sample_reference
-from tokenspeed_kernels.sampling import sample
+from tokenspeed_kernels.sampling import greedy, sample
 
 SEEDS = [0, 1, -1, 2**62 + 7, -(2**63), 123456789, 42, 2**31]
 
@@ -72,3 +72,14 @@ def test_sample_large_vocab_matches_engine_sampler_gpu():
     assert torch.equal(greedy, greedy_ref)
     # Natively the kernel's division and logs round as torch's: the very same draws.
     assert torch.equal(sampled, sampled_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_torch_argmax_with_ties_to_the_lowest_id(dtype):
+    logits, *_ = _batch(5, 4099, dtype, seed=7)
+    logits[1, 10] = logits[1, 4097] = logits[1].max() + 1  # a tie across chunks
+    logits[2, 3000] = logits[2, 3001] = logits[2].max() + 1  # a tie inside a chunk
+    logits[3, 4098] = logits[3].max() + 1  # the last id of a ragged chunk
+    assert torch.equal(greedy(logits), logits.float().argmax(dim=-1))
+    assert greedy(logits[1:3]).tolist() == [10, 3000]
+    assert torch.equal(greedy(logits[:, :1000]), logits[:, :1000].float().argmax(dim=-1))

@@ -8,6 +8,10 @@ Layout contract::
     output_indices: [B] int64, tokens the row's request generated before this one
     returns         (greedy_ids, sampled_ids), both [B] int64
 
+``greedy(logits)`` is the argmax alone, in the logits' own dtype (widening bf16 to fp32 is
+exact, so the argmax is the same), over ``cdiv(vocab, ARGMAX_CHUNK)`` programs per row and a
+second kernel that merges their maxima: one program streaming a 128k-entry row takes ~50 µs.
+
 Sampling is the Gumbel-max draw of the engine's sampler, ``argmax_v(logits_v / T + g_v)``,
 which picks ``v`` with probability ``softmax(logits / T)[v]``. ``g`` is the counter-based noise
 of ``tokenspeed_aio/model/sampling/noise.py`` (the spec), reproduced here bit for bit:
@@ -36,6 +40,7 @@ _M31 = tl.constexpr(0x7FFFFFFF)
 _IV_A = tl.constexpr(0x165667B1)
 _IV_B = tl.constexpr(0x27D4EB2F)
 BLOCK_V = 2048
+ARGMAX_CHUNK = 4096
 
 
 @triton.jit
@@ -123,3 +128,45 @@ def sample(
             logits.stride(0), vocab, BLOCK_V=BLOCK_V, PRECISE=precise_math.PRECISE_MATH, num_warps=8,
         )  # fmt: skip
     return greedy, sampled
+
+
+@triton.jit
+def _argmax_chunk_kernel(Logits, Chunk_max, Chunk_arg, stride_l, vocab, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(Logits + row.to(tl.int64) * stride_l + offs, mask=offs < vocab, other=float("-inf"))
+    x = x.to(tl.float32)
+    out = row * tl.num_programs(1) + chunk
+    tl.store(Chunk_max + out, tl.max(x, 0))
+    tl.store(Chunk_arg + out, chunk * CHUNK + tl.argmax(x, 0, tie_break_left=True))
+
+
+@triton.jit
+def _argmax_merge_kernel(Chunk_max, Chunk_arg, Out, num_chunks, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_C)
+    mask = offs < num_chunks
+    best = tl.load(Chunk_max + row * num_chunks + offs, mask=mask, other=float("-inf"))
+    # The lowest chunk holding the maximum holds its lowest id: ties go to the lowest id.
+    pick = tl.argmax(best, 0, tie_break_left=True)
+    tl.store(Out + row, tl.load(Chunk_arg + row * num_chunks + pick).to(tl.int64))
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row of ``logits`` [B, vocab] (ties: the lowest id), [B] int64."""
+    batch, vocab = logits.shape
+    assert logits.stride(1) == 1, "vocab must be contiguous"
+    out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    if batch == 0:
+        return out
+    num_chunks = triton.cdiv(vocab, ARGMAX_CHUNK)
+    chunk_max = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
+    chunk_arg = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
+    _argmax_chunk_kernel[(batch, num_chunks)](
+        logits, chunk_max, chunk_arg, logits.stride(0), vocab, CHUNK=ARGMAX_CHUNK, num_warps=8
+    )
+    _argmax_merge_kernel[(batch,)](
+        chunk_max, chunk_arg, out, num_chunks, BLOCK_C=triton.next_power_of_2(num_chunks)
+    )
+    return out

@@ -82,7 +82,7 @@ def test_half_precision_load_gives_finite_logits(checkpoint, arch, dtype):
     runner = PagedRunner(model, config, dtype=dtype)
     seqs = _prompts(config.vocab_size)
     logits = runner.forward(list(enumerate(seqs)))
-    assert logits.dtype == torch.float32
+    assert logits.dtype == dtype  # as the model computes them; the sampler widens them
     assert torch.isfinite(logits).all()
     logits = runner.forward([(i, [1]) for i in range(len(seqs))])
     assert torch.isfinite(logits).all()

@@ -49,6 +49,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Output projection to the vocab; may share its weight with the embedding (tied)."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] -> [n, vocab] float32 logits over the full vocab."""
+        """[n, hidden] -> [n, vocab] logits over the full vocab, in the weights' dtype (the
+        sampler widens them to float32 where it computes with them; a greedy argmax does
+        not need to)."""
         logits = tp_all_gather(linear(hidden_states, self.weight), dim=-1)
-        return logits[:, : self.num_embeddings].float()
+        return logits[:, : self.num_embeddings]

@@ -135,7 +135,8 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] -> [n, vocab] float32 over the full vocab (gathered across ranks)."""
+        """[n, hidden] -> [n, vocab] in the model's dtype over the full vocab (gathered
+        across ranks)."""
         return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -4,6 +4,8 @@ Stages, in order (each skipped when the batch's host flags say no row needs it;
 a skipped stage would have left every row unchanged, so skipping never changes
 a result):
 
+0. a batch of greedy rows that needs nothing else (no logprobs, penalties, min_tokens or
+   grammar): the argmax of the logits as the model returned them, in its dtype;
 1. raw ``log_softmax`` for logprobs (the model's own distribution, as vLLM reports);
 2. repetition, frequency and presence penalties; the min_tokens ban;
 3. greedy rows: argmax;
@@ -64,8 +66,19 @@ def _gather_logprobs(
     return target, top_ids, top_logprobs
 
 
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (ties: the lowest id); one pass of the Triton sampler on CUDA,
+    where ``torch.argmax`` of a few wide rows is a slow reduction."""
+    if logits.is_cuda and logits.stride(-1) == 1:
+        from tokenspeed_kernels.sampling import greedy
+
+        return greedy(logits)
+    return logits.argmax(dim=-1)
+
+
 class Sampler:
-    """Samples one token per row from ``[B, V]`` float32 logits; see the module docstring.
+    """Samples one token per row from ``[B, V]`` logits (any float dtype; stages that
+    compute with them work in float32); see the module docstring.
 
     Holds only a cache of the token-id ramp the noise hash is keyed by.
     """
@@ -78,6 +91,13 @@ class Sampler:
     ) -> SamplerOutput:
         """``token_bitmask`` (model/grammar_mask.py): constrained rows' allowed tokens,
         applied after the raw logprobs, before any choice."""
+        if (
+            batch.all_greedy
+            and batch.max_num_logprobs < 0
+            and not (batch.any_penalties or batch.any_min_tokens_ban)
+            and token_bitmask is None
+        ):
+            return SamplerOutput(_argmax(logits), None, None, None)
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1) if batch.max_num_logprobs >= 0 else None
         if batch.any_penalties:
@@ -88,7 +108,7 @@ class Sampler:
             token_bitmask.apply(logits)
 
         if batch.all_greedy:
-            tokens = logits.argmax(dim=-1)
+            tokens = _argmax(logits)
         elif logits.is_cuda and not (batch.any_top_k or batch.any_top_p or batch.any_min_p):
             # One pass over the vocabulary, no [B, V] temporaries; the same draws (a test
             # compares them bit for bit on the GPU).
@@ -100,7 +120,7 @@ class Sampler:
         else:
             tokens = self._sample(logits, batch)
             if batch.any_greedy:
-                tokens = torch.where(batch.temperature == 0.0, logits.argmax(dim=-1), tokens)
+                tokens = torch.where(batch.temperature == 0.0, _argmax(logits), tokens)
         return self._output(tokens, logprobs, batch)
 
     def _output(
@@ -151,13 +171,16 @@ class Sampler:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def warm_up_sampling_kernel(vocab_size: int, device: torch.device) -> None:
+def warm_up_sampling_kernel(vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
     """Compile the one-pass Triton sampler at startup, as serving calls it (float32 logits
     of the model's vocabulary, 16-byte-aligned [B] vectors), not under the first request
-    with a temperature."""
-    from tokenspeed_kernels.sampling import sample
+    with a temperature; and its greedy variant, on the model's logits (``dtype``) and on
+    float32 ones."""
+    from tokenspeed_kernels.sampling import greedy, sample
 
     logits = torch.zeros(1, vocab_size, dtype=torch.float32, device=device)
     ones = torch.ones(1, dtype=torch.float32, device=device)
     zeros = torch.zeros(1, dtype=torch.int64, device=device)
     sample(logits, ones, zeros, zeros.clone())
+    greedy(logits)
+    greedy(logits.to(dtype))
