@@ -7,6 +7,10 @@ Each case replays, from a CUDA graph, one product over each of several copies of
 in turn (more bytes than the L2 holds, as a model's layers are), and reports microseconds
 per product and the weight-read bandwidth, next to a device-to-device copy measured in the
 same run. The best config of each shape that beats cuBLAS belongs in ``gemv.CONFIGS``.
+
+``--silu-mul`` times the gate/up projections with the SwiGLU activation as the product's
+epilogue (``gemv(..., silu_mul=True)``) against the plain product (its ``CONFIGS`` entry)
+followed by the activation kernel; the best config belongs in ``gemv.SILU_MUL_CONFIGS``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 from bench_kernels import copy_bandwidth
-from tokenspeed_kernels.gemv import gemv
+from tokenspeed_kernels.activation import silu_and_mul
+from tokenspeed_kernels.gemv import CONFIGS, gemv
 
 # (name, N, K): qkv, o, gate_up, down, lm_head of Llama-3-8B, then Qwen3-8B's that differ.
 SHAPES = (
@@ -34,6 +39,7 @@ SHAPES = (
     ("qwen3 down", 4096, 12288),
     ("qwen3 lm_head", 151936, 4096),
 )
+GATE_UP_SHAPES = (("gate_up", 28672, 4096), ("qwen3 gate_up", 24576, 4096))
 GRID = list(itertools.product((4, 8, 16), (512, 1024), (4, 8), (1, 3)))
 L2_DEFEAT_BYTES = 512 * 2**20
 
@@ -72,14 +78,31 @@ def bench_shape(name: str, n: int, k: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_gemv.py needs a CUDA device")
-    copy = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: D2D copy {copy / 1e12:.2f} TB/s")
+def bench_silu_mul(name: str, n: int, k: int) -> dict:
+    copies = max(2, -(-L2_DEFEAT_BYTES // (n * k * 2)))
+    weights = [
+        torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)
+    ]
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    plain = CONFIGS[(n, k)]
+    separate = time_per_product(lambda w: silu_and_mul(gemv(x, w, config=plain)), weights)
+    sweep = {
+        cfg: time_per_product(lambda w, c=cfg: gemv(x, w, config=c, silu_mul=True), weights)
+        for cfg in GRID
+    }
+    best = min(sweep, key=sweep.get)
+    return {
+        "shape": name,
+        "n": n,
+        "k": k,
+        "separate_us": separate,
+        "silu_mul_best_config": list(best),
+        "silu_mul_best_us": sweep[best],
+        "sweep_us": {str(c): round(t, 2) for c, t in sweep.items()},
+    }
+
+
+def bench_plain() -> list[dict]:
     print(f"{'shape':>14} {'cuBLAS us':>10} {'TB/s':>5} {'gemv us':>8} {'TB/s':>5}  best config")
     rows = []
     for name, n, k in SHAPES:
@@ -90,6 +113,25 @@ def main() -> None:
             f" {r['gemv_best_us']:>8.1f} {r['gemv_tb_per_s']:>5.2f}  {tuple(r['gemv_best_config'])}"
         )
         torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--silu-mul", action="store_true", help="the gate/up projections only")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_gemv.py needs a CUDA device")
+    copy = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: D2D copy {copy / 1e12:.2f} TB/s")
+    if args.silu_mul:
+        rows = [bench_silu_mul(*shape) for shape in GATE_UP_SHAPES]
+        for r in rows:
+            print(f"{r['shape']:>14}: product + activation {r['separate_us']:.1f} us, fused "
+                  f"{r['silu_mul_best_us']:.1f} us at {tuple(r['silu_mul_best_config'])}")  # fmt: skip
+    else:
+        rows = bench_plain()
     if args.json:
         result = {
             "device": torch.cuda.get_device_name(),

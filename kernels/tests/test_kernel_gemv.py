@@ -2,7 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, gpu_test
-from tokenspeed_kernels.gemv import gemv
+from tokenspeed_kernels.activation import silu_and_mul
+from tokenspeed_kernels.gemv import SILU_MUL_CONFIGS, gemv
 
 
 def _operands(n, k, dtype, bias, seed=0):
@@ -40,3 +41,23 @@ def test_gemv_tile_configs_agree(config):
 def test_gemv_llama_8b_projections_gpu(n, k):
     x, weight, _ = _operands(n, k, torch.bfloat16, False)
     assert_close(gemv(x, weight), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [(4, 256, 4, 1), (16, 512, 8, 3)])
+def test_silu_mul_gemv_is_the_product_then_the_activation(dtype, config):
+    x, weight, _ = _operands(2 * 90, 700, dtype, False, seed=5)
+    y = gemv(x, weight, config=config, silu_mul=True)
+    assert y.shape == (1, 90)
+    # The same values as the product (this kernel, rounded once) followed by the activation.
+    assert torch.equal(y, silu_and_mul(gemv(x, weight, config=config)))
+    assert_close(y, silu_and_mul(F.linear(x, weight)))
+
+
+@gpu_test
+@pytest.mark.parametrize("n,k", [(28672, 4096), (24576, 4096)])
+def test_silu_mul_gemv_gate_up_projections_gpu(n, k):
+    x, weight, _ = _operands(n, k, torch.bfloat16, False)
+    plain = gemv(x, weight, config=SILU_MUL_CONFIGS[(n, k)])  # the same tiles, same sums
+    assert torch.equal(gemv(x, weight, silu_mul=True), silu_and_mul(plain))
+    assert_close(gemv(x, weight, silu_mul=True), silu_and_mul(F.linear(x, weight)))

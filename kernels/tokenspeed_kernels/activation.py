@@ -23,16 +23,22 @@ BLOCK = 1024
 
 
 @triton.jit
+def silu_mul(gate, up, PRECISE: tl.constexpr):
+    """``silu(gate) * up`` of values in the activation dtype, rounded as the module doc says
+    (also the epilogue of ``gemv(..., silu_mul=True)``)."""
+    g = gate.to(tl.float32)
+    silu = tl.math.div_rn(g, 1.0 + precise_math.exp(-g, PRECISE)).to(gate.dtype)
+    return (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _silu_and_mul_kernel(X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr, PRECISE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
     gate = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     up = tl.load(X + row * stride_x + d + offs, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    silu = tl.math.div_rn(g, 1.0 + precise_math.exp(-g, PRECISE)).to(X.dtype.element_ty)
-    out = silu.to(tl.float32) * up.to(tl.float32)
-    tl.store(Out + row * stride_o + offs, out.to(Out.dtype.element_ty), mask=mask)
+    tl.store(Out + row * stride_o + offs, silu_mul(gate, up, PRECISE), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 
-class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
-            from tokenspeed_kernels.activation import silu_and_mul
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda:
+        from tokenspeed_kernels.activation import silu_and_mul as kernel
 
-            return silu_and_mul(x)
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return kernel(x)
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

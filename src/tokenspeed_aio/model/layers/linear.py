@@ -8,7 +8,8 @@ copies this rank's shard into the (already sharded) parameter.
 
 Batch-1 products on CUDA whose weight shape has a measured Triton config
 (``tokenspeed_kernels.gemv.CONFIGS``: the shapes where it read the weight faster than
-cuBLAS) run that kernel; everything else is ``F.linear``.
+cuBLAS; ``SILU_MUL_CONFIGS`` for a SwiGLU's gate/up projection with its activation as the
+product's epilogue) run that kernel; everything else is ``F.linear``.
 """
 
 from __future__ import annotations
@@ -18,19 +19,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenspeed_aio.model.kv_cache import local_num_kv_heads
+from tokenspeed_aio.model.layers.activation import silu_and_mul
 from tokenspeed_aio.model.layers.weights import check_shape
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``, or the batch-1 Triton product where it was measured faster."""
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    act_silu_mul: bool = False,
+) -> torch.Tensor:
+    """``F.linear`` -- followed by ``silu_and_mul`` when ``act_silu_mul`` -- or the batch-1
+    Triton product where it was measured faster."""
     if x.is_cuda and x.shape[0] == 1:
-        from tokenspeed_kernels.gemv import CONFIGS, gemv
+        from tokenspeed_kernels.gemv import CONFIGS, SILU_MUL_CONFIGS, gemv
 
-        config = CONFIGS.get(tuple(weight.shape))
-        if config is not None:
-            return gemv(x, weight, bias, config)
-    return F.linear(x, weight, bias)
+        shape = tuple(weight.shape)
+        if act_silu_mul and bias is None and shape in SILU_MUL_CONFIGS:
+            return gemv(x, weight, None, SILU_MUL_CONFIGS[shape], silu_mul=True)
+        y = gemv(x, weight, bias, CONFIGS[shape]) if shape in CONFIGS else F.linear(x, weight, bias)
+    else:
+        y = F.linear(x, weight, bias)
+    return silu_and_mul(y) if act_silu_mul else y
 
 
 class _ColumnShardedLinear(nn.Module):
@@ -71,7 +82,9 @@ class MergedColumnParallelLinear(_ColumnShardedLinear):
     """Several column-parallel projections of the same input in one matmul (gate_up_proj).
 
     Each rank holds its shard of every sub-projection, back to back, so the output splits
-    locally (``chunk``) with no communication.
+    locally (``chunk``) with no communication. ``act_silu_mul`` (two sub-projections, gate
+    and up): return the SwiGLU activation of the output, fused into the product where the
+    batch-1 kernel has a config for it.
     """
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
@@ -79,6 +92,9 @@ class MergedColumnParallelLinear(_ColumnShardedLinear):
         super().__init__(input_size, sum(local), bias)
         self.output_sizes = output_sizes
         self.local_sizes = local
+
+    def forward(self, x: torch.Tensor, act_silu_mul: bool = False) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, act_silu_mul)
 
     def weight_loader(
         self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None

@@ -1,11 +1,14 @@
-"""SwiGLU feed-forward block: down(silu(gate(x)) * up(x)), one all-reduce per call."""
+"""SwiGLU feed-forward block: down(silu(gate(x)) * up(x)), one all-reduce per call.
+
+The activation is the gate/up projection's epilogue (``act_silu_mul``): at batch 1 on CUDA
+one Triton product computes both and writes only the activation.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from tokenspeed_aio.model.layers.activation import SiluAndMul
 from tokenspeed_aio.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 
@@ -15,8 +18,7 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size, intermediate_size]
         )
-        self.act_fn = SiluAndMul()
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x, act_silu_mul=True))
