@@ -76,3 +76,25 @@ def test_rotary_large_batch_gpu():
     apply_rotary(q, k, positions, cache)
     assert_close(q, q_ref)
     assert_close(k, k_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_with_kv_store_equals_rotary_then_kv_write(dtype):
+    from tokenspeed_kernels.reference import kv_write_reference
+
+    cache = build_cos_sin_cache(64, 4096, 10000.0).to(DEVICE)
+    qkv, q, k = _qk(5, 8, 2, 64, dtype, seed=3)
+    v = qkv[:, (8 + 2) * 64 :].view(5, 2, 64)
+    positions = torch.tensor([3, 0, 17, 4095, 9], device=DEVICE)
+    slots = torch.tensor([7, 40, -1, 2, 33], device=DEVICE)  # -1: padding, stored nowhere
+    gen = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(4, 16, 2, 64, generator=gen).to(DEVICE, dtype)
+    v_cache = torch.randn(4, 16, 2, 64, generator=gen).to(DEVICE, dtype)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    q_ref, k_ref = q.clone(), k.clone()
+    apply_rotary(q_ref, k_ref, positions, cache)
+    kv_write_reference(k_ref, v, expected_k, expected_v, slots)
+
+    apply_rotary(q, k, positions, cache, (v, k_cache, v_cache, slots))
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)

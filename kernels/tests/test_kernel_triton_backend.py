@@ -5,6 +5,7 @@ from kernel_testing import gpu_test, make_paged_batch
 from tokenspeed_aio.model.attention.torch_backend import TorchAttentionBackend
 from tokenspeed_aio.model.attention.triton_backend import TritonAttentionBackend
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
+from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
 
 
 def _context(batch, backend, contexts, query_lens, num_layers=2):
@@ -29,15 +30,19 @@ def _context(batch, backend, contexts, query_lens, num_layers=2):
 
 
 def _compare(contexts, query_lens, *, pad, dtype=torch.float32, heads=(4, 2), head_dim=64,
-             page_size=16, tol=1e-4, max_model_len=4096):  # fmt: skip
+             page_size=16, tol=1e-4, max_model_len=4096, rope=False):  # fmt: skip
     batch = make_paged_batch(contexts, query_lens, num_q_heads=heads[0], num_kv_heads=heads[1],
                              head_dim=head_dim, page_size=page_size, dtype=dtype, pad=pad)  # fmt: skip
     n = batch.q.shape[0]
-    q, k, v = (t.reshape(n, -1) for t in (batch.q, batch.k_new, batch.v_new))
+    positions = [c + j for c, ql in zip(contexts, query_lens) for j in range(ql)]
+    positions = torch.tensor(positions + [0] * (n - len(positions)), device=batch.q.device)
+    rotary = RotaryEmbedding(head_dim, 4096, 10000.0).to(batch.q.device)
     outs, caches = [], []
     for backend in (TritonAttentionBackend(max_model_len=max_model_len), TorchAttentionBackend()):
+        # Fresh q/k each time: the Triton backend rotates them in place.
+        q, k, v = (t.reshape(n, -1).clone() for t in (batch.q, batch.k_new, batch.v_new))
         ctx = _context(batch, backend, contexts, query_lens)
-        outs.append(backend.forward(q, k, v, 1, ctx))
+        outs.append(backend.forward(q, k, v, 1, ctx, (rotary, positions) if rope else None))
         caches.append(ctx.k_caches[1])
         assert torch.equal(ctx.k_caches[0], batch.k_cache), "another layer's cache was touched"
     assert outs[0].shape == (n, heads[0] * head_dim)
@@ -54,6 +59,13 @@ def test_triton_backend_decode_matches_torch_backend(pad):
 
 def test_triton_backend_mixed_batch_matches_torch_backend():
     _compare([5, 0, 33], [1, 20, 7], pad=True)
+
+
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 20, 7]])
+def test_triton_backend_rope_fused_with_the_cache_write_matches_torch_backend(query_lens):
+    # RoPE and the cache write in one launch; the cached keys must equal the torch
+    # backend's rotate-then-store bit for bit (checked in _compare), padding writes nothing.
+    _compare([5, 0, 33], query_lens, pad=True, rope=True)
 
 
 @gpu_test

@@ -4,6 +4,7 @@ A backend owns two things for one layer of one forward: writing the forward's ne
 into the paged cache, and attending each row's new queries over its cached positions.
 
     for each row i (tokens query_start_loc[i] : query_start_loc[i+1]):
+        rotate q and k of token t by RoPE at its position  (when the layer passes a Rope)
         write k/v of token t at slot_mapping[t]            (skip slot -1: padding)
         query j of row i sits at position context_lens[i] + j and attends causally to
         keys at positions [0, context_lens[i] + j], all read from the cache through
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
     import torch
 
     from tokenspeed_aio.model.forward_context import ForwardContext
+    from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
+
+    # The layer's rotary embedding and the forward's token positions.
+    Rope = tuple[RotaryEmbedding, torch.Tensor]
 
 
 class AttentionBackend(ABC):
@@ -36,8 +41,10 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         layer_idx: int,
         ctx: ForwardContext,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
-        """Store k/v in layer ``layer_idx``'s cache, then attend.
+        """Rotate q and k by ``rope`` if given, store k/v in layer ``layer_idx``'s cache,
+        then attend.
 
         q: [num_tokens, num_q_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
         (this rank's heads; GQA when num_q_heads > num_kv_heads). Each token's values are

@@ -8,11 +8,16 @@ B * max_seq_len, so it suits tests and small batches; production uses a kernel b
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from tokenspeed_aio.model.attention.base import AttentionBackend
 from tokenspeed_aio.model.forward_context import ForwardContext
+
+if TYPE_CHECKING:
+    from tokenspeed_aio.model.attention.base import Rope
 
 
 def store_kv(
@@ -44,7 +49,11 @@ class TorchAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         layer_idx: int,
         ctx: ForwardContext,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
+        if rope is not None:
+            rotary_emb, positions = rope
+            q, k = rotary_emb(positions, q, k)
         attn = ctx.attn
         k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
         page_size, num_kv_heads, head_dim = k_cache.shape[1:]

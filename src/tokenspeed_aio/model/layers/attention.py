@@ -1,8 +1,9 @@
 """The attention layer: hands this layer's q/k/v to the forward's attention backend.
 
-Projections, q/k norms and RoPE live in the model's attention block; cache writes and
-the attention math live in the backend (model/attention/), chosen at startup and passed
-in ``ctx`` so a layer never looks it up globally.
+Projections and q/k norms live in the model's attention block; RoPE is applied by the
+backend (model/attention/) with the cache write, which a kernel backend fuses into one
+launch; the attention math lives there too. The backend is chosen at startup and passed in
+``ctx`` so a layer never looks it up globally.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 if TYPE_CHECKING:
     import torch
 
+    from tokenspeed_aio.model.attention.base import Rope
     from tokenspeed_aio.model.forward_context import ForwardContext
 
 
@@ -23,7 +25,13 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx  # selects this layer's KV cache pair in ctx
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: ForwardContext,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
-        """q [n, Hq * D], k/v [n, Hkv * D] (this rank's heads) -> [n, Hq * D]."""
-        return ctx.backend.forward(q, k, v, self.layer_idx, ctx)
+        """q [n, Hq * D], k/v [n, Hkv * D] (this rank's heads) -> [n, Hq * D]; ``rope``
+        rotates q and k first (the backend's contract)."""
+        return ctx.backend.forward(q, k, v, self.layer_idx, ctx, rope)

@@ -51,8 +51,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q.unflatten(-1, (-1, self.head_dim))).flatten(-2)
             k = self.k_norm(k.unflatten(-1, (-1, self.head_dim))).flatten(-2)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, ctx))
+        return self.o_proj(self.attn(q, k, v, ctx, rope=(self.rotary_emb, positions)))
 
 
 class LlamaDecoderLayer(nn.Module):
