@@ -256,8 +256,8 @@ class Scheduler:
         req.num_computed = start + 1
         req.num_inflight += 1
         req.num_pending += 1
-        # A decode reaches the end of the known tokens (its input is the last of them, or
-        # still pending): a block completes when a committed token fills a page.
+        # Dispatched positions now cover every known token, so the known tokens alone say
+        # which blocks are full.
         if len(req.token_ids) // self.page_size > req.num_cached_blocks:
             self._publish_full_blocks(req)
         return row
