@@ -64,13 +64,39 @@ def test_decode_result_does_not_depend_on_split_count():
         torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-5)
 
 
-def test_decode_row_with_no_keys_gives_zeros():
+@pytest.mark.parametrize("splits", [1, 2])  # 1: the split kernel writes the output itself
+def test_decode_row_with_no_keys_gives_zeros(splits):
     # A CUDA-graph padding row may carry seq_len 0: it must come out finite (zeros).
     batch = _decode_batch([5, 40], group=2)
     batch.seq_lens[0] = 0
-    out, ref = _run(batch, num_kv_splits=2)
+    out, ref = _run(batch, num_kv_splits=splits)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert_close(out[1], ref[1])
+
+
+def test_decode_single_split_equals_the_merge_of_one_split():
+    # One split skips the reduce kernel; merging a single split is exact, so the two paths
+    # give the same bits.
+    from tokenspeed_kernels.decode_attention import _decode_reduce_kernel
+
+    batch = _decode_batch([0, 130, 399], group=4, dtype=torch.bfloat16, seed=4)
+    direct = _run(batch, num_kv_splits=1)[0]
+    q = batch.q
+    mid_o = torch.empty(*q.shape[:2], 1, q.shape[2], dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(*q.shape[:2], 1, dtype=torch.float32, device=q.device)
+    merged = torch.empty_like(q)
+    _decode_split_kernel[(3, 2, 1)](
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, mid_o, mid_lse,
+        merged, 0.125 * 1.4426950408889634, 1, merged.stride(0), merged.stride(1),
+        q.stride(0), q.stride(1), *batch.k_cache.stride()[:3], *batch.v_cache.stride()[:3],
+        batch.block_tables.stride(0),
+        GROUP=4, BLOCK_H=16, HEAD_DIM=64, BLOCK_D=64, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
+    )  # fmt: skip
+    _decode_reduce_kernel[(3, 8)](
+        mid_o, mid_lse, batch.seq_lens, merged, 1, merged.stride(0), merged.stride(1),
+        HEAD_DIM=64, BLOCK_D=64, BLOCK_N=64,
+    )  # fmt: skip
+    assert torch.equal(direct, merged)
 
 
 def test_decode_reads_strided_queries_and_writes_into_out():
@@ -113,4 +139,5 @@ def test_decode_compiles_once_across_batch_sizes_and_lengths_gpu():
                               dtype=torch.bfloat16, seed=seed)  # fmt: skip
         for splits in (1, 3, num_kv_splits_for(len(contexts), 8, 4096, 132)):
             _run(batch, splits)
-    assert len(_decode_split_kernel.device_caches[device][0]) - before <= 1
+    # One variant writing partials, one writing the output (a single split).
+    assert len(_decode_split_kernel.device_caches[device][0]) - before <= 2

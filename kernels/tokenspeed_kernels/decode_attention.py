@@ -20,7 +20,8 @@ Splits: each row's keys are cut into ``num_kv_splits`` chunks of equal length, r
           0           chunk        2*chunk                                   seq_len
 
 Each split writes its normalized partial output and log-sum-exp; the reduce kernel merges the
-splits a row used. ``num_kv_splits`` is a plain (unspecialized) argument and the grid is
+splits a row used. With one split (large batches) the split kernel writes the output itself
+and there is no reduce launch: merging one split is the identity, so results are the same. ``num_kv_splits`` is a plain (unspecialized) argument and the grid is
 ``(B, num_kv_heads, num_kv_splits)``, so compiled kernels depend only on head_dim, page_size,
 group, dtype and block sizes, and the launch for one batch size is the same every step
 (CUDA-graph capturable, no host sync).
@@ -57,8 +58,11 @@ def _decode_split_kernel(
     Seq_lens,
     Mid_o,  # [B, num_q_heads, num_kv_splits, HEAD_DIM] fp32, normalized partial outputs
     Mid_lse,  # [B, num_q_heads, num_kv_splits] fp32, log2-sum-exp2 of the scaled scores
+    Out,  # written here instead of Mid_* when DIRECT (one split)
     scale_log2,  # softmax scale * log2(e): scores are exponentiated with exp2
     num_kv_splits,
+    stride_ot,
+    stride_oh,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -74,6 +78,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -84,15 +89,17 @@ def _decode_split_kernel(
     chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
+    offs_h = tl.arange(0, BLOCK_H)
+    h_mask = offs_h < GROUP
+    q_heads = kv_head * GROUP + offs_h
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    hd_mask = h_mask[:, None] & d_mask[None, :]
+    out_ptrs = Out + row.to(tl.int64) * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :]
     if start < end:
-        offs_h = tl.arange(0, BLOCK_H)
-        h_mask = offs_h < GROUP
-        q_heads = kv_head * GROUP + offs_h
-        offs_d = tl.arange(0, BLOCK_D)
-        d_mask = offs_d < HEAD_DIM
         q = tl.load(
             Q + row.to(tl.int64) * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
-            mask=h_mask[:, None] & d_mask[None, :],
+            mask=hd_mask,
             other=0.0,
         )
         bt_row = Block_tables + row.to(tl.int64) * stride_bt
@@ -107,13 +114,15 @@ def _decode_split_kernel(
             PAGE_SIZE, BLOCK_N, False,
         )  # fmt: skip
 
-        mid = (row.to(tl.int64) * num_q_heads + q_heads) * num_kv_splits + split
-        tl.store(
-            Mid_o + mid[:, None] * HEAD_DIM + offs_d[None, :],
-            acc / l_i[:, None],
-            mask=h_mask[:, None] & d_mask[None, :],
-        )
-        tl.store(Mid_lse + mid, m_i + tl.log2(l_i), mask=h_mask)
+        if DIRECT:
+            tl.store(out_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=hd_mask)
+        else:
+            mid = (row.to(tl.int64) * num_q_heads + q_heads) * num_kv_splits + split
+            tl.store(Mid_o + mid[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None],
+                     mask=hd_mask)  # fmt: skip
+            tl.store(Mid_lse + mid, m_i + tl.log2(l_i), mask=h_mask)
+    elif DIRECT:  # a row without keys (a graph's padding row): zeros, as the reduce writes
+        tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], Out.dtype.element_ty), mask=hd_mask)
 
 
 @triton.jit(do_not_specialize=["num_kv_splits"])
@@ -182,25 +191,32 @@ def decode_attention(
     group = num_q_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    mid_o = torch.empty(
-        (batch, num_q_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device
-    )
-    mid_lse = torch.empty((batch, num_q_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+    direct = num_kv_splits == 1
+    if direct:  # no partials: the split kernel writes out
+        mid_o = mid_lse = out
+    else:
+        mid_o = torch.empty(
+            (batch, num_q_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        mid_lse = torch.empty(
+            (batch, num_q_heads, num_kv_splits), dtype=torch.float32, device=q.device
+        )
     block_d = triton.next_power_of_2(head_dim)
     # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
     block_h = max(16, triton.next_power_of_2(group))
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
-        scale * _LOG2E, num_kv_splits,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
+        scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         GROUP=group, BLOCK_H=block_h, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        PAGE_SIZE=page_size, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2,
+        PAGE_SIZE=page_size, BLOCK_N=BLOCK_N, DIRECT=direct, num_warps=4, num_stages=2,
     )  # fmt: skip
-    _decode_reduce_kernel[(batch, num_q_heads)](
-        mid_o, mid_lse, seq_lens, out, num_kv_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N, num_warps=4,
-    )  # fmt: skip
+    if not direct:
+        _decode_reduce_kernel[(batch, num_q_heads)](
+            mid_o, mid_lse, seq_lens, out, num_kv_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N, num_warps=4,
+        )  # fmt: skip
     return out
