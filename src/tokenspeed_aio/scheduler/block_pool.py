@@ -20,14 +20,21 @@ from tokenspeed_aio.scheduler.kv_events import KVEventLog
 NULL_BLOCK = 0
 
 
+# Stands for the missing parent of a request's first block inside the hashed tuple:
+# ``hash(None)`` depends on None's address before Python 3.12, so it would differ between
+# processes. Any fixed int does; a key that collides with it is caught by the stored-key
+# check like any other collision.
+_ROOT = 0
+
+
 def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """Key of a full block: its parent's key and its own tokens.
+    """Key of a full block: its parent's key (None for a first block) and its own tokens.
 
     Tuples of ints hash identically in every process (no PYTHONHASHSEED salt), so
     ranks and restarts agree. A hit is verified against the stored tokens, so a
     64-bit collision can never hand a request someone else's KV.
     """
-    return hash((parent, tokens))
+    return hash((_ROOT if parent is None else parent, tokens))
 
 
 class BlockPool:
