@@ -8,6 +8,11 @@ serving runs it: the inputs' copies, the graph, the sampler, the result copies, 
 the GPU waits for the host. Reports per step: the wall time between tokens, the GPU's busy
 time (the union of its kernels and copies), the idle gaps and what ran right after each, and
 the work outside the decode graph by kernel. GPU-only.
+
+"Outside the graph" is told apart by launch count: kernels launched at least twice per step
+are the layers' (inside the graph); the rest are listed, so the graph's own once-per-step
+kernels (the embedding gather, the final norm) appear there too, next to the sampler and
+the copies.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ async def trace(ns) -> dict:
 
     async with await AsyncEngine.start(args) as engine:
         await asyncio.gather(*(one(i) for i in range(ns.batch)))
-    # The decode graph's kernels: those of the most frequent launch pattern (the model's).
+    # The decode graph's per-layer kernels (module doc: once-per-step ones are listed too).
     spans = device_intervals(prof)
     counts: dict[str, int] = defaultdict(int)
     for _, _, name in spans:
