@@ -4,7 +4,7 @@ alone, timed with CUDA events and broken down by kernel with the torch profiler.
     python bench/decode_profile.py [--shape llama-8b] [--batch 1,64,256] [--context 1024]
                                    [--out PATH]
 
-Builds the engine's device side exactly as a rank does (dummy weights, the Triton backend,
+Builds the engine's device side exactly as a rank does (dummy weights, ``--attention-backend``,
 the capture sizes given), fills every row's KV blocks to ``--context`` tokens, and replays
 the decode graph of each batch size. Reports per batch: the step's GPU time, its roofline
 (weights + KV bytes over the copy bandwidth measured in the same run), and the kernel
@@ -70,10 +70,18 @@ def profile_batch(runner, bs: int, context: int, page: int, replays: int) -> dic
     graphs = runner.graphs
     width = -(-(context + 1) // page)
     host = decode_inputs(bs, context, page, width)
-    slots = torch.arange(bs, device="cuda")
+    slots = np.arange(bs, dtype=np.int64)
 
+    @torch.inference_mode()  # as the runner serves: the graphs' buffers are inference tensors
     def step():
-        return graphs.replay(bs, bs, host, slots, runner.last_sampled)
+        return graphs.replay(
+            bs,
+            host["positions"],
+            host["slot_mapping"],
+            slots,
+            host["seq_lens"],
+            host["block_tables"],
+        )
 
     for _ in range(5):
         step()
@@ -120,6 +128,7 @@ def main() -> None:
     parser.add_argument(
         "--max-model-len", type=int, default=8192, help="sets the decode split count, as serving"
     )
+    parser.add_argument("--attention-backend", default="triton")
     parser.add_argument("--out", type=Path, default=Path("bench/results/decode-profile.json"))
     ns = parser.parse_args()
     sizes = [int(b) for b in ns.batch.split(",")]
@@ -137,6 +146,7 @@ def main() -> None:
         max_num_seqs=max(sizes),
         cudagraph_capture_sizes=sizes,
         gpu_memory_utilization=0.85,
+        attention_backend=ns.attention_backend,
     )
     build = build_device_side(args, RankInfo())
     runner = build.handle._runner  # a profiling script reaches past the handle on purpose

@@ -11,12 +11,14 @@
 #   qwen3     the full fixed-1k sweep on the Qwen3-8B shape
 #   peer      HF generate_batch in the same run (c=64, 64 x 1024/1024)
 #   grammar   structured-output overhead (8B shape and the built-in model)
+#   flashinfer  the optional FlashInfer backend (needs flashinfer-python): its decode
+#             profile and fixed-1k at c=1 and 64 on the Llama shape, beside the Triton runs
 #
 # Every engine run has the data-plane checks at error: a host sync or a Triton compile on
 # the serving path ends it. Results (JSON + logs) land in OUTDIR; docs/performance.md says
 # how they were read.
 set -o pipefail
-stage=${1:?stage: tests|profile|llama|qwen3|peer|grammar}
+stage=${1:?stage: tests|profile|llama|qwen3|peer|grammar|flashinfer}
 out=${2:?output directory}
 mkdir -p "$out"
 export TOKENSPEED_DATA_PLANE_SYNC_DEBUG=error TOKENSPEED_JIT_COMPILE_CHECK=error
@@ -39,6 +41,12 @@ llama | qwen3)
 peer)
     python3 -m tokenspeed_aio bench fixed-1k --shape llama-8b --concurrency 64 --num-requests 64 \
         --input-len 1024 --output-len 1024 --peer hf --out "$out/peer-hf-llama8b.json"
+    ;;
+flashinfer)
+    python3 bench/decode_profile.py --batch 1,64 --attention-backend flashinfer \
+        --out "$out/decode-profile-flashinfer.json"
+    python3 -m tokenspeed_aio bench fixed-1k --shape llama-8b --concurrency 1,64 \
+        --attention-backend flashinfer --out "$out/fixed-1k-llama-8b-flashinfer.json"
     ;;
 grammar)
     python3 bench/grammar_overhead.py --shape llama-8b --out "$out/grammar-llama8b.json"

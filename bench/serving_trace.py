@@ -87,6 +87,7 @@ async def trace(ns) -> dict:
         max_model_len=4096,
         max_num_seqs=max(ns.batch, 8),
         gpu_memory_utilization=0.85,
+        attention_backend=ns.attention_backend,
     )
     rng = np.random.default_rng(0)
     total = ns.warmup + ns.steps + 20
@@ -131,6 +132,7 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--attention-backend", default="triton")
     parser.add_argument("--out", type=Path, default=Path("bench/results/serving-trace.json"))
     ns = parser.parse_args()
     result = asyncio.run(trace(ns))

@@ -93,3 +93,27 @@ def make_paged_batch(
     for name, value in vars(batch).items():
         setattr(batch, name, value.to(device))
     return batch
+
+
+def forward_context(batch: PagedBatch, backend, contexts, query_lens, num_layers: int = 2):
+    """A ForwardContext over ``batch`` with ``num_layers`` copies of its cache (the backend
+    writes one layer; the others must stay untouched)."""
+    from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
+
+    attn = AttentionMetadata(
+        num_tokens=batch.q.shape[0],
+        num_rows=len(contexts),
+        max_query_len=max(query_lens),
+        max_seq_len=max(c + q for c, q in zip(contexts, query_lens)),
+        is_decode_only=all(q == 1 for q in query_lens),
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        context_lens=batch.context_lens,
+        block_tables=batch.block_tables,
+        slot_mapping=batch.slot_mapping,
+        query_lens_host=tuple(query_lens),
+        seq_lens_host=tuple(c + q for c, q in zip(contexts, query_lens)),
+    )
+    k_caches = tuple(batch.k_cache.clone() for _ in range(num_layers))
+    v_caches = tuple(batch.v_cache.clone() for _ in range(num_layers))
+    return ForwardContext(attn=attn, backend=backend, k_caches=k_caches, v_caches=v_caches)

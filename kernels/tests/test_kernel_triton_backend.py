@@ -1,32 +1,10 @@
 import pytest
 import torch
-from kernel_testing import gpu_test, make_paged_batch
+from kernel_testing import forward_context, gpu_test, make_paged_batch
 
 from tokenspeed_aio.model.attention.torch_backend import TorchAttentionBackend
 from tokenspeed_aio.model.attention.triton_backend import TritonAttentionBackend
-from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
 from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
-
-
-def _context(batch, backend, contexts, query_lens, num_layers=2):
-    num_tokens = batch.q.shape[0]
-    attn = AttentionMetadata(
-        num_tokens=num_tokens,
-        num_rows=len(contexts),
-        max_query_len=max(query_lens),
-        max_seq_len=max(c + q for c, q in zip(contexts, query_lens)),
-        is_decode_only=all(q == 1 for q in query_lens),
-        query_start_loc=batch.query_start_loc,
-        seq_lens=batch.seq_lens,
-        context_lens=batch.context_lens,
-        block_tables=batch.block_tables,
-        slot_mapping=batch.slot_mapping,
-        query_lens_host=tuple(query_lens),
-        seq_lens_host=tuple(c + q for c, q in zip(contexts, query_lens)),
-    )
-    k_caches = tuple(batch.k_cache.clone() for _ in range(num_layers))
-    v_caches = tuple(batch.v_cache.clone() for _ in range(num_layers))
-    return ForwardContext(attn=attn, backend=backend, k_caches=k_caches, v_caches=v_caches)
 
 
 def _compare(contexts, query_lens, *, pad, dtype=torch.float32, heads=(4, 2), head_dim=64,
@@ -41,7 +19,7 @@ def _compare(contexts, query_lens, *, pad, dtype=torch.float32, heads=(4, 2), he
     for backend in (TritonAttentionBackend(max_model_len=max_model_len), TorchAttentionBackend()):
         # Fresh q/k each time: the Triton backend rotates them in place.
         q, k, v = (t.reshape(n, -1).clone() for t in (batch.q, batch.k_new, batch.v_new))
-        ctx = _context(batch, backend, contexts, query_lens)
+        ctx = forward_context(batch, backend, contexts, query_lens)
         outs.append(backend.forward(q, k, v, 1, ctx, (rotary, positions) if rope else None))
         caches.append(ctx.k_caches[1])
         assert torch.equal(ctx.k_caches[0], batch.k_cache), "another layer's cache was touched"
@@ -75,7 +53,7 @@ def test_triton_backend_decode_replays_in_a_cuda_graph_gpu():
     n = len(contexts)
     batch = make_paged_batch([c + 1 for c in contexts], [1] * n, num_q_heads=32, num_kv_heads=8,
                              head_dim=128, page_size=16, dtype=torch.bfloat16, pad=False)  # fmt: skip
-    ctx = _context(batch, None, [c + 1 for c in contexts], [1] * n)
+    ctx = forward_context(batch, None, [c + 1 for c in contexts], [1] * n)
     attn = ctx.attn
 
     def step(position_offset: int) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 
 
@@ -39,7 +39,7 @@ class EngineArgs:
     num_kv_blocks: int | None = None  # fixes the KV pool size (tests); else sized by memory
     kv_cache_memory_gb: float = 2.0  # CPU: memory for the KV pool
     gpu_memory_utilization: float = 0.9
-    attention_backend: str = "auto"  # torch | triton
+    attention_backend: str = "auto"  # torch | triton | flashinfer
     enforce_eager: bool = False
     max_cudagraph_capture_size: int = 256
     cudagraph_capture_sizes: list[int] | None = None

@@ -33,7 +33,8 @@ ENGINE_HELP = {
     "num_kv_blocks": "fix the KV pool size in blocks (default: sized from memory)",
     "kv_cache_memory_gb": "CPU: memory for the KV cache, GiB",
     "gpu_memory_utilization": "GPU: fraction of device memory the engine may use",
-    "attention_backend": "auto, torch or triton",
+    "attention_backend": "auto (triton on CUDA, torch on CPU), torch, triton, or flashinfer "
+    "(needs the flashinfer-python package, 16-bit dtypes)",
     "enforce_eager": "GPU: no CUDA graphs",
     "max_cudagraph_capture_size": "GPU: largest decode batch captured in a CUDA graph",
     "cudagraph_capture_sizes": "GPU: exact decode batch sizes to capture",

@@ -4,6 +4,7 @@ and the data plane's rules hold (no host sync, no JIT compile while serving)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from helpers.generation import final_output, final_outputs
@@ -12,6 +13,7 @@ from helpers.prompts import parity_prompts
 from tokenspeed_aio.api.engine import AsyncEngine
 from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.model.attention.registry import flashinfer_installed
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=0)
 
@@ -53,7 +55,13 @@ async def test_tiny_model_matches_transformers_on_gpu(ckpt, arch, depth):
         assert out.token_ids == ref, f"prompt of {len(ids)} tokens"
 
 
-async def test_overlap_matches_no_overlap_on_an_8b_shape(tmp_path):
+needs_flashinfer = pytest.mark.skipif(
+    not flashinfer_installed(), reason="the optional flashinfer package is not installed"
+)
+
+
+@pytest.mark.parametrize("backend", ["triton", pytest.param("flashinfer", marks=needs_flashinfer)])
+async def test_overlap_matches_no_overlap_on_an_8b_shape(tmp_path, backend):
     from tokenspeed_aio.bench.shapes import checkpoint_dir
 
     path = checkpoint_dir("llama-8b", tmp_path)
@@ -68,12 +76,43 @@ async def test_overlap_matches_no_overlap_on_an_8b_shape(tmp_path):
             max_model_len=4096,
             max_num_seqs=64,
             gpu_memory_utilization=0.85,
+            attention_backend=backend,
         )
         async with await AsyncEngine.start(args) as engine:
             outs = await run_all(engine, prompts)
             tokens[depth] = [o.token_ids for o in outs]
             await engine.check_idle()
     assert tokens[0] == tokens[1]
+
+
+@needs_flashinfer
+async def test_flashinfer_greedy_agrees_with_the_triton_backend(ckpt):
+    # FlashInfer has 16-bit kernels only, so no exact fp32 comparison with transformers: its
+    # greedy sequences (decode from CUDA graphs, overlap on) are scored teacher-forced by the
+    # Triton backend's prefill instead. Each token's logprob must agree within fp16 noise,
+    # and each chosen token must be Triton's argmax or within that noise of it. head_dim 128.
+    path = ckpt("llama", hidden_size=256, num_attention_heads=2, num_key_value_heads=1)
+    args = EngineArgs(
+        model=str(path), device="cuda", dtype="float16", max_model_len=1024,
+        attention_backend="flashinfer", chunked_prefill_size=32,
+    )  # fmt: skip
+    prompts = parity_prompts()
+    async with await AsyncEngine.start(args) as engine:
+        outs = await run_all(engine, prompts)
+        await engine.check_idle()
+    scoring = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+    async with await AsyncEngine.start(replace(args, attention_backend="triton")) as engine:
+        scored = await final_outputs(
+            engine, [p + o.token_ids for p, o in zip(prompts, outs)], scoring
+        )
+    deviations, gaps = [], []
+    for prompt, out, score in zip(prompts, outs, scored):
+        for j, ours in enumerate(out.logprobs):
+            theirs = score.prompt_logprobs[len(prompt) + j]
+            deviations.append(abs(ours.logprob - theirs.logprob))
+            gaps.append(theirs.top[0][1] - theirs.logprob)  # 0 where Triton agrees
+    assert max(deviations) < 0.02, sorted(deviations)[-5:]
+    assert max(gaps) < 0.02, sorted(gaps)[-5:]
 
 
 async def test_structured_output_on_gpu_compiles_nothing_while_serving(ckpt):

@@ -18,7 +18,7 @@ from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
 from tokenspeed_aio.data_plane.host_sync import allow_host_sync, arm_sync_debug
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
-from tokenspeed_aio.model.attention.registry import available_backends, create_backend
+from tokenspeed_aio.model.attention.registry import create_backend
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.cuda_graph import default_capture_sizes
 from tokenspeed_aio.model.grammar_mask import warm_up_bitmask_kernel
@@ -130,9 +130,11 @@ def _num_blocks(
 
 
 def _backend_name(name: str, device: torch.device) -> str:
+    """``auto``: our Triton kernels on CUDA (faster than FlashInfer's on the H200, see
+    docs/design/attention-backends.md); the torch reference on CPU."""
     if name != "auto":
         return name
-    return "triton" if device.type == "cuda" and "triton" in available_backends() else "torch"
+    return "triton" if device.type == "cuda" else "torch"
 
 
 def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
@@ -163,7 +165,16 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         config.num_hidden_layers, page, kv_heads, config.head_dim, dtype
     )
     backend_name = _backend_name(args.attention_backend, device)
-    backend = create_backend(backend_name, max_model_len=max_model_len)
+    backend = create_backend(
+        backend_name,
+        max_model_len=max_model_len,
+        page_size=page,
+        num_q_heads=config.num_attention_heads // rank.tp_size,
+        num_kv_heads=kv_heads,
+        head_dim=config.head_dim,
+        dtype=dtype,
+        device=device,
+    )
     peak = 0
     if device.type == "cuda":  # also the prefill path's warm-up: kernels compile now
         peak = activation_peak_bytes(

@@ -1,6 +1,6 @@
 """The forward's inputs built on the host from a plan's rows: numpy, vectorized over
 the batch, no device access. The runner ships them eagerly (two packed copies) or
-into the static buffers of a CUDA graph (padded to the graph's batch size).
+into the static buffers of a CUDA graph (cuda_graph.py pads them to the graph's batch size).
 
     tokens:  | d0 | d1 | ... | p0 p0 p0 p0 | p1 p1 | ...
     row:       0    1          D             D+1
@@ -37,16 +37,6 @@ class HostBatch:
     @property
     def decode_only(self) -> bool:
         return self.num_decodes == self.num_rows
-
-    def padded_for_graph(self, bs: int) -> dict[str, np.ndarray]:
-        """Decode-only inputs padded to ``bs`` rows of dummy slots (null block)."""
-        pad = bs - self.num_rows
-        return {
-            "positions": np.pad(self.positions, (0, pad)),
-            "slot_mapping": np.pad(self.slot_mapping, (0, pad), constant_values=-1),
-            "seq_lens": np.pad(self.seq_lens.astype(np.int32), (0, pad), constant_values=1),
-            "block_tables": np.pad(self.block_tables, ((0, pad), (0, 0))),
-        }
 
 
 def build_host_batch(

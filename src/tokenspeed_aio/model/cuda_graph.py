@@ -3,10 +3,17 @@
 Static input buffers are sized for the largest captured batch; graphs are captured
 largest first into one shared memory pool. A batch of B decodes replays the graph
 of the next captured size bs >= B; rows [B, bs) are dummy slots that read the
-reserved null block and write nothing (slot -1). Inputs reach the static buffers
-by non-blocking copies from pinned host memory; the decode tokens by a device
-gather from the future-token buffer.
+reserved null block and write nothing (slot -1).
 
+A replay ships its inputs in two non-blocking copies from pinned memory: one packed copy of
+the per-row fields into a staging buffer the graph of each size reads at fixed offsets, and
+the block table rows (2-D, only the columns the batch uses; skipped for backends that plan
+on the host, which ship their own page lists). The decode tokens are gathered inside the
+graph from the future-token buffer by the rows' slots::
+
+    staging (int32) for size bs: | positions (int64 x bs) | slot_mapping (int64 x bs) |
+                                 | slots (int64 x bs) | seq_lens (int32 x bs) |
+    each region starts 16-byte aligned (Triton specializes on pointer alignment)
     static rows: | real rows 0..B-1 | dummy rows B..bs-1 (null block, seq_len 1, slot -1) |
 """
 
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,6 +40,28 @@ def default_capture_sizes(max_size: int) -> list[int]:
     return sorted({s for s in sizes if s <= max_size} | {max_size})
 
 
+_ALIGN = 4  # int32 elements: 16 bytes
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class _Layout(NamedTuple):
+    """Where the fields of a batch of ``bs`` rows sit in the staging buffer (int32 units)."""
+
+    positions: int
+    slot_mapping: int
+    slots: int
+    seq_lens: int
+    size: int
+
+    @classmethod
+    def of(cls, bs: int) -> _Layout:
+        wide = _aligned(2 * bs)  # an int64 field
+        return cls(0, wide, 2 * wide, 3 * wide, 3 * wide + _aligned(bs))
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -39,6 +69,7 @@ class DecodeGraphs:
         backend,
         k_caches: tuple[torch.Tensor, ...],
         v_caches: tuple[torch.Tensor, ...],
+        last_sampled: torch.Tensor,
         *,
         sizes: list[int],
         max_blocks_per_seq: int,
@@ -48,21 +79,27 @@ class DecodeGraphs:
         self.sizes = sorted(sizes)
         self.max_size = self.sizes[-1]
         n = self.max_size
-        self.ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.staging = torch.zeros(_Layout.of(n).size, dtype=torch.int32, device=device)
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self._model = model
         self._backend = backend
         self._caches = (k_caches, v_caches)
+        self._last_sampled = last_sampled
         self._max_model_len = max_model_len
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
 
-    def _context(self, bs: int) -> ForwardContext:
+    def _fields(self, bs: int) -> tuple[torch.Tensor, ...]:
+        """Views of the staging buffer for size ``bs``: positions, slot_mapping, slots,
+        seq_lens."""
+        at = _Layout.of(bs)
+        wide = [self.staging[o : o + 2 * bs].view(torch.int64) for o in at[:3]]
+        return (*wide, self.staging[at.seq_lens : at.seq_lens + bs])
+
+    def _run(self, bs: int) -> torch.Tensor:
+        positions, slot_mapping, slots, seq_lens = self._fields(bs)
         meta = AttentionMetadata(
             num_tokens=bs,
             num_rows=bs,
@@ -70,17 +107,15 @@ class DecodeGraphs:
             max_seq_len=self._max_model_len,
             is_decode_only=True,
             query_start_loc=self.query_start_loc[: bs + 1],
-            seq_lens=self.seq_lens[:bs],
+            seq_lens=seq_lens,
             context_lens=self.context_lens[:bs],
             block_tables=self.block_tables[:bs],
-            slot_mapping=self.slot_mapping[:bs],
+            slot_mapping=slot_mapping,
             query_lens_host=(1,) * bs,
             seq_lens_host=(self._max_model_len,) * bs,
         )
-        return ForwardContext(meta, self._backend, *self._caches)
-
-    def _run(self, bs: int) -> torch.Tensor:
-        hidden = self._model(self.ids[:bs], self.positions[:bs], self._context(bs))
+        ids = torch.index_select(self._last_sampled, 0, slots)  # the future tokens
+        hidden = self._model(ids, positions, ForwardContext(meta, self._backend, *self._caches))
         return self._model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -89,6 +124,7 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         with allow_host_sync():
             for bs in reversed(self.sizes):  # largest first: later ones reuse its pool
+                self._fill(bs, *_dummy_rows(0))
                 for _ in range(2):  # warm up: compiles and allocator state outside capture
                     self._run(bs)
                 torch.cuda.synchronize()
@@ -114,21 +150,57 @@ class DecodeGraphs:
     def replay(
         self,
         bs: int,
-        batch: int,
-        host: dict[str, np.ndarray],
-        decode_slots: torch.Tensor,
-        last_sampled: torch.Tensor,
+        positions: np.ndarray,
+        slot_mapping: np.ndarray,
+        slots: np.ndarray,
+        seq_lens: np.ndarray,
+        block_tables: np.ndarray,
     ) -> torch.Tensor:
-        """Fill the static inputs for ``batch`` real rows (padded to ``bs``), replay, and
-        return the logits of the real rows. ``host`` holds the padded host arrays."""
-        width = host["block_tables"].shape[1]
-        self.positions[:bs].copy_(_pinned(host["positions"]), non_blocking=True)
-        self.slot_mapping[:bs].copy_(_pinned(host["slot_mapping"]), non_blocking=True)
-        self.seq_lens[:bs].copy_(_pinned(host["seq_lens"]), non_blocking=True)
-        self.block_tables[:bs, :width].copy_(_pinned(host["block_tables"]), non_blocking=True)
-        torch.index_select(last_sampled, 0, decode_slots, out=self.ids[:batch])
+        """Ship the host arrays of the batch's real rows (padded here to ``bs``), replay,
+        and return the real rows' logits."""
+        self._fill(bs, positions, slot_mapping, slots, seq_lens, block_tables)
         self._graphs[bs].replay()
-        return self._logits[bs][:batch]
+        return self._logits[bs][: len(slots)]
+
+    def _fill(
+        self,
+        bs: int,
+        positions: np.ndarray,
+        slot_mapping: np.ndarray,
+        slots: np.ndarray,
+        seq_lens: np.ndarray,
+        block_tables: np.ndarray,
+    ) -> None:
+        n = len(slots)
+        at = _Layout.of(bs)
+        packed = np.zeros(at.size, np.int32)
+        wide = packed[: at.seq_lens].view(np.int64)  # the three int64 fields
+        o_smap, o_slots = at.slot_mapping // 2, at.slots // 2
+        wide[:n] = positions
+        wide[o_smap : o_smap + bs] = -1  # dummy rows write nothing
+        wide[o_smap : o_smap + n] = slot_mapping
+        wide[o_slots : o_slots + n] = slots
+        packed[at.seq_lens : at.seq_lens + bs] = 1  # dummy rows: one key on the null block
+        packed[at.seq_lens : at.seq_lens + n] = seq_lens
+        self.staging[: at.size].copy_(_pinned(packed), non_blocking=True)
+        padded_lens = packed[at.seq_lens : at.seq_lens + bs]
+        tables = np.pad(block_tables, ((0, bs - n), (0, 0)))
+        if self._backend.plans_on_host:
+            self._backend.plan(np.ones(bs, np.int32), padded_lens, tables, graph_size=bs)
+        else:
+            width = tables.shape[1]
+            self.block_tables[:bs, :width].copy_(_pinned(tables), non_blocking=True)
+
+
+def _dummy_rows(n: int) -> tuple[np.ndarray, ...]:
+    """Host inputs of ``n`` real rows, all empty: what a capture fills before padding."""
+    return (
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int32),
+        np.zeros((n, 1), np.int32),
+    )
 
 
 def _pinned(array: np.ndarray) -> torch.Tensor:

@@ -7,6 +7,7 @@ sampler needs for its largest batch, is kept free of KV blocks.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tokenspeed_aio.data_plane.host_sync import allow_host_sync
@@ -57,6 +58,9 @@ def activation_peak_bytes(
             query_lens_host=(num_tokens,),
             seq_lens_host=(num_tokens,),
         )
+        if backend.plans_on_host:
+            table = np.arange(1, blocks + 1, dtype=np.int32)[None, :]
+            backend.plan(np.array([num_tokens]), np.array([num_tokens]), table)
         hidden = model(positions % vocab_size, positions, ForwardContext(meta, backend, k, v))
         rows = min(num_sampling_rows, num_tokens)
         model.compute_logits(hidden[:rows])

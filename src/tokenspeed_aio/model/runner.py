@@ -87,6 +87,7 @@ class ModelRunner:
             self.backend,
             self.k_caches,
             self.v_caches,
+            self.last_sampled,
             sizes=sizes,
             max_blocks_per_seq=self.max_blocks_per_seq,
             max_model_len=self.max_model_len,
@@ -102,9 +103,8 @@ class ModelRunner:
         host = build_host_batch(rows, self.block_table, self.page_size)
         bs = self.graphs.graph_size(host.num_rows) if self.graphs and host.decode_only else None
         if bs is not None:
-            slots = host_to_device(host.slots, self.device)
             logits = self.graphs.replay(
-                bs, host.num_rows, host.padded_for_graph(bs), slots, self.last_sampled
+                bs, host.positions, host.slot_mapping, host.slots, host.seq_lens, host.block_tables
             )
         else:
             logits = self._eager(host)
@@ -146,6 +146,8 @@ class ModelRunner:
             query_lens_host=tuple(host.query_lens.tolist()),
             seq_lens_host=tuple(host.seq_lens.tolist()),
         )
+        if self.backend.plans_on_host:
+            self.backend.plan(host.query_lens, host.seq_lens, bt)
         n = host.num_decodes
         if n:  # future tokens: decode inputs are the slots' last sampled tokens
             ids[:n] = self.last_sampled[ids[:n]]
@@ -172,6 +174,10 @@ class ModelRunner:
             query_lens_host=(1,),
             seq_lens_host=(1,),
         )
+        if self.backend.plans_on_host:
+            self.backend.plan(
+                np.ones(1, np.int32), np.ones(1, np.int32), np.zeros((1, 1), np.int32)
+            )
         ctx = ForwardContext(meta, self.backend, self.k_caches, self.v_caches)
         zero = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.model(zero, zero, ctx)

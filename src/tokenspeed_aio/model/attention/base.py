@@ -1,4 +1,4 @@
-"""The attention backend interface every implementation (torch, triton) serves.
+"""The attention backend interface every implementation (torch, triton, flashinfer) serves.
 
 A backend owns two things for one layer of one forward: writing the forward's new k/v
 into the paged cache, and attending each row's new queries over its cached positions.
@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from tokenspeed_aio.model.forward_context import ForwardContext
@@ -32,6 +33,23 @@ class AttentionBackend(ABC):
     # whatever the device values (no host reads, grid from host ints), so the runner may
     # capture it in a CUDA graph and replay it.
     supports_cuda_graphs: ClassVar[bool] = False
+    # True when every forward must first be planned on the host (``plan``): FlashInfer's
+    # kernels are scheduled that way. The runner then calls ``plan`` before each forward,
+    # outside any CUDA-graph capture, and before each graph replay.
+    plans_on_host: ClassVar[bool] = False
+
+    def plan(
+        self,
+        query_lens: np.ndarray,
+        seq_lens: np.ndarray,
+        block_tables: np.ndarray,
+        graph_size: int | None = None,
+    ) -> None:
+        """Plan the next forward from host arrays: each row's new tokens, its KV length
+        after the forward and its block table row ([B, >= its pages]). ``graph_size``: the
+        forward is the replay (or capture) of the decode graph of that batch size, and the
+        arrays are padded to it."""
+        raise NotImplementedError(f"the {self.name} backend does not plan on the host")
 
     @abstractmethod
     def forward(

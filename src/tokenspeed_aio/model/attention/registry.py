@@ -1,5 +1,5 @@
 """Attention backends by name. Factories import their implementation lazily, so an optional
-dependency (triton) is imported only when that backend is chosen.
+dependency (triton, flashinfer) is imported only when that backend is chosen.
 
 A new backend adds one ``register_backend`` call at the bottom. ``create_backend``'s keyword
 arguments are construction hints every backend is offered (``max_model_len``, ...); a
@@ -8,6 +8,7 @@ factory takes the ones its backend needs and ignores the rest.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -49,5 +50,35 @@ def _triton_backend(*, max_model_len: int = 8192, **_hints: Any) -> AttentionBac
     return TritonAttentionBackend(max_model_len=max_model_len)
 
 
+def _flashinfer_backend(
+    *,
+    page_size: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: Any,
+    device: Any,
+    max_model_len: int = 8192,
+    **_hints: Any,
+) -> AttentionBackend:
+    from tokenspeed_aio.model.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    return FlashInferAttentionBackend(
+        page_size=page_size,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device=device,
+        max_model_len=max_model_len,
+    )
+
+
+def flashinfer_installed() -> bool:
+    """Whether the optional ``flashinfer`` package can be found (without importing it)."""
+    return importlib.util.find_spec("flashinfer") is not None
+
+
 register_backend("torch", _torch_backend)
 register_backend("triton", _triton_backend)
+register_backend("flashinfer", _flashinfer_backend)

@@ -1,8 +1,7 @@
 """Attention backend on the Triton kernels of ``tokenspeed_kernels``.
 
-Per layer: RoPE and the cache write in one launch (``apply_rotary`` with ``kv_store``;
-``kv_write`` alone when the layer has no RoPE) store the forward's k/v at ``slot_mapping``,
-then either
+Per layer: RoPE and the cache write (``kv_store.rotate_and_store``: one launch) store the
+forward's k/v at ``slot_mapping``, then either
 ``decode_attention`` (every row has one query: split-KV, CUDA-graph capturable) or
 ``extend_attention`` (prefill chunks over a cached prefix, causal) reads everything back
 from the paged cache.
@@ -20,10 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
 from tokenspeed_kernels.extend_attention import extend_attention
-from tokenspeed_kernels.kv_write import kv_write
-from tokenspeed_kernels.rotary import apply_rotary
 
 from tokenspeed_aio.model.attention.base import AttentionBackend
+from tokenspeed_aio.model.attention.kv_store import rotate_and_store
 from tokenspeed_aio.model.forward_context import ForwardContext
 
 if TYPE_CHECKING:
@@ -72,16 +70,7 @@ class TritonAttentionBackend(AttentionBackend):
         q3 = q.view(num_tokens, -1, head_dim)
         k3 = k.view(num_tokens, num_kv_heads, head_dim)
         v3 = v.view(num_tokens, num_kv_heads, head_dim)
-        if rope is None:
-            kv_write(k3, v3, k_cache, v_cache, attn.slot_mapping)
-        else:
-            rotary_emb, positions = rope
-            cos_sin = rotary_emb.cos_sin_cache
-            if cos_sin.shape[1] == head_dim:  # whole heads rotate: one launch
-                apply_rotary(q3, k3, positions, cos_sin, (v3, k_cache, v_cache, attn.slot_mapping))
-            else:
-                apply_rotary(q3, k3, positions, cos_sin)
-                kv_write(k3, v3, k_cache, v_cache, attn.slot_mapping)
+        rotate_and_store(q3, k3, v3, k_cache, v_cache, attn.slot_mapping, rope)
         out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
         scale = head_dim**-0.5
         if attn.is_decode_only:
