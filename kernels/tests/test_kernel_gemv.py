@@ -3,7 +3,9 @@ import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, gpu_test
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.gemv import SILU_MUL_CONFIGS, gemv
+from tokenspeed_kernels.gemv import NORM_CONFIGS, SILU_MUL_CONFIGS, gemv, norm_gemv
+from tokenspeed_kernels.reference import rms_norm_reference, silu_and_mul_reference
+from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
 
 
 def _operands(n, k, dtype, bias, seed=0):
@@ -61,3 +63,82 @@ def test_silu_mul_gemv_gate_up_projections_gpu(n, k):
     plain = gemv(x, weight, config=SILU_MUL_CONFIGS[(n, k)])  # the same tiles, same sums
     assert torch.equal(gemv(x, weight, silu_mul=True), silu_and_mul(plain))
     assert_close(gemv(x, weight, silu_mul=True), silu_and_mul(F.linear(x, weight)))
+
+
+def _norm_operands(rows, k, dtype, residual, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x, r = (torch.randn(1, k, generator=gen) * 3 for _ in range(2))
+    norm_weight = torch.randn(k, generator=gen)
+    weight = torch.randn(rows, k, generator=gen) / k**0.5
+    x, r, norm_weight, weight = (t.to(DEVICE, dtype) for t in (x, r, norm_weight, weight))
+    return x, r if residual else None, norm_weight, weight
+
+
+def _norm_then_linear(x, residual, norm_weight, eps, weight, bias=None, silu_mul=False):
+    """The unfused reference: HF's (add +) RMSNorm, then the product (and the activation)."""
+    h = x if residual is None else x + residual
+    y = F.linear(rms_norm_reference(h, norm_weight, eps), weight, bias)
+    return silu_and_mul_reference(y) if silu_mul else y, h
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "no_residual"])
+@pytest.mark.parametrize("silu_mul", [False, True], ids=["plain", "silu_mul"])
+@pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "two_pass"])
+def test_norm_gemv_is_the_norm_then_the_product(dtype, residual, silu_mul, two_pass):
+    # 300 = 2 full 128-chunks + a masked tail; 40 rows / 10 per program = several programs,
+    # of which only the first writes h.
+    x, r, norm_weight, weight = _norm_operands(2 * 40, 300, dtype, residual, seed=7)
+    inputs = [t.clone() for t in (x, r) if t is not None]
+    y, h = norm_gemv(
+        x, r, norm_weight, 1e-5, weight, config=(4, 128, 4, 1, two_pass), silu_mul=silu_mul
+    )
+    y_ref, h_ref = _norm_then_linear(x, r, norm_weight, 1e-5, weight, silu_mul=silu_mul)
+    assert y.shape == y_ref.shape and y.dtype == dtype
+    assert_close(y, y_ref)
+    assert_close(h, h_ref)  # the interpreter's casts truncate: equal only natively
+    # Out of place: h is a new tensor and the inputs are left as they were.
+    assert all(torch.equal(a, b) for a, b in zip((x, r), inputs))
+    if residual:
+        assert h.data_ptr() not in (x.data_ptr(), r.data_ptr())
+    else:
+        assert h is x
+
+
+@pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "two_pass"])
+def test_norm_gemv_adds_the_bias_after_the_norm(two_pass):
+    x, r, norm_weight, weight = _norm_operands(48, 200, torch.float32, True, seed=3)
+    bias = torch.randn(48, device=DEVICE)
+    y, _ = norm_gemv(x, r, norm_weight, 1e-6, weight, bias, config=(8, 64, 4, 1, two_pass))
+    assert_close(y, _norm_then_linear(x, r, norm_weight, 1e-6, weight, bias)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_pass_norm_gemv_rounds_as_the_norm_kernel_then_gemv(dtype):
+    # The same normed input and the same tiles: equal up to the order of the sum of squares,
+    # which can move rstd by an ulp and, rarely, a rounded normed value with it.
+    x, r, norm_weight, weight = _norm_operands(64, 512, dtype, True, seed=11)
+    config = (4, 128, 4, 1)
+    y, h = norm_gemv(x, r, norm_weight, 1e-6, weight, config=(*config, True))
+    normed, h_unfused = fused_add_rms_norm(x, r, norm_weight, 1e-6)
+    y_unfused = gemv(normed, weight, config=config)
+    assert torch.equal(h, h_unfused)
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=0)
+    torch.testing.assert_close(y, y_unfused, **tol)  # bf16: one ulp
+
+
+@gpu_test
+@pytest.mark.parametrize("shape", list(NORM_CONFIGS))
+@pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "two_pass"])
+def test_norm_gemv_8b_projections_gpu(shape, two_pass):
+    rows, k, silu_mul = shape
+    x, r, norm_weight, weight = _norm_operands(rows, k, torch.bfloat16, True)
+    *tiles, _ = NORM_CONFIGS[shape]
+    y, h = norm_gemv(x, r, norm_weight, 1e-5, weight, config=(*tiles, two_pass), silu_mul=silu_mul)
+    normed, h_unfused = fused_add_rms_norm(x, r, norm_weight, 1e-5)
+    y_unfused = gemv(normed, weight, config=tiles, silu_mul=silu_mul)
+    assert torch.equal(h, h_unfused)
+    assert_close(y, y_unfused)
+    assert_close(y, _norm_then_linear(x, r, norm_weight, 1e-5, weight, silu_mul=silu_mul)[0])
+    if two_pass:  # the same normed input but where the sums of squares' order moved rstd
+        assert (y != y_unfused).float().mean().item() < 5e-2

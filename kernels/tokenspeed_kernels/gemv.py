@@ -1,4 +1,5 @@
-"""Matrix-vector product for batch-1 decode: ``y = x @ weight.T (+ bias)`` for one row of x.
+"""Matrix-vector product for batch-1 decode: ``y = x @ weight.T (+ bias)`` for one row of x,
+optionally after an RMSNorm of x (and the residual add before it) done in the prologue.
 
 Layout contract::
 
@@ -19,9 +20,34 @@ round once to x's dtype. The summation order differs from cuBLAS's, so results a
 ``silu(gate) * up`` rounded as ``activation.silu_and_mul`` does: the same values as the
 product followed by that kernel, one launch fewer.
 
+``norm_gemv`` puts the RMSNorm that precedes a projection (``rmsnorm.fused_add_rms_norm``, or
+``rms_norm`` without a residual) in the product's prologue::
+
+    residual: [1, K] or None; norm_weight: [K]
+    h = round(x + residual)           (x when residual is None)
+    y = gemv(rms_norm(h, norm_weight, eps), weight, bias)      (silu_mul composes)
+    returns (y, h); h is a new tensor that program 0 alone writes (x itself without residual)
+
+Every program needs the norm of all of h, so each one reads the whole of x (and residual and
+norm_weight) -- from L2 after the first -- and reduces ``sum(h**2)`` itself; no program waits
+for another. Two prologues, a constexpr of the config:
+
+- one pass (``two_pass=False``): the K loop accumulates ``sum(W * h * norm_weight)`` and
+  ``sum(h**2)`` together and scales by ``rsqrt(mean(h**2) + eps)`` at the end. It issues the
+  weight loads at once and reads the vectors once, but skips the norm kernel's two roundings
+  of the normed input (to dtype, then after the weight): closer to the exact math than the
+  unfused pair, equal to it to an output rounding.
+- two passes (``two_pass=True``): a first K loop reduces ``sum(h**2)``, the second multiplies
+  by the normed input rounded exactly as the norm kernel rounds it, so y equals
+  ``gemv(fused_add_rms_norm(...))`` with the same tiles up to the order of the sum of
+  squares; the vectors are read twice and the weight stream starts a loop later.
+
+``kernels/bench_gemv.py --norm`` measures both against the norm kernel + ``gemv``.
+
 ``CONFIGS`` holds the tile shapes ``kernels/bench_gemv.py`` measured best on the H200 for the
 Llama-3-8B and Qwen3-8B projections; the model's layers use the kernel for those shapes only
-(``model/layers/linear.py``), cuBLAS elsewhere.
+(``model/layers/linear.py``), cuBLAS elsewhere; likewise ``SILU_MUL_CONFIGS`` and
+``NORM_CONFIGS`` for the fused epilogue and prologue.
 """
 
 from __future__ import annotations
@@ -35,18 +61,35 @@ from tokenspeed_kernels.activation import silu_mul
 
 
 @triton.jit
+def _load_h(X, Residual, offs, mask, HAS_RESIDUAL: tl.constexpr):
+    """The norm's input at ``offs``: x, or x + residual rounded to x's dtype (as ``rmsnorm``)."""
+    h = tl.load(X + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(Residual + offs, mask=mask, other=0.0)
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+    return h
+
+
+@triton.jit
 def _gemv_kernel(
     X,
     W,
     Bias,
     Y,
+    Residual,
+    NormW,
+    ResidualOut,
     N,
     K,
     stride_wn,
+    eps,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,  # rows [0, N) are gates, [N, 2N) their ups (module doc)
+    NORM: tl.constexpr,  # RMSNorm prologue (module doc); the next two only count with it
+    HAS_RESIDUAL: tl.constexpr,
+    TWO_PASS: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -57,15 +100,39 @@ def _gemv_kernel(
     up_ptrs = W + (offs_n + N).to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)  # of h, lane by lane
+    h_end = tl.where(pid == 0, K, 0)  # program 0 alone writes h
+    if NORM and TWO_PASS:
+        for k0 in range(0, K, BLOCK_K):
+            h = _load_h(X, Residual, k0 + offs_k, (k0 + offs_k) < K, HAS_RESIDUAL).to(tl.float32)
+            sum_sq += h * h
+        rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
     for k0 in range(0, K, BLOCK_K):
         mask_k = (k0 + offs_k) < K
         w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         if SILU_MUL:
             w_up = tl.load(up_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        x = tl.load(X + k0 + offs_k, mask=mask_k, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        if NORM:
+            h = _load_h(X, Residual, k0 + offs_k, mask_k, HAS_RESIDUAL)
+            if HAS_RESIDUAL:
+                tl.store(ResidualOut + k0 + offs_k, h, mask=(k0 + offs_k) < h_end)
+            hf = h.to(tl.float32)
+            g = tl.load(NormW + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            if TWO_PASS:  # the norm kernel's roundings
+                normed = (hf * rstd).to(X.dtype.element_ty).to(tl.float32)
+                x = (g * normed).to(X.dtype.element_ty).to(tl.float32)
+            else:  # scaled by rstd after the loop
+                sum_sq += hf * hf
+                x = g * hf
+        else:
+            x = tl.load(X + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if SILU_MUL:
-            acc_up += tl.sum(w_up.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+            acc_up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
+    if NORM and not TWO_PASS:
+        rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
+        acc *= rstd
+        acc_up *= rstd
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     y = acc.to(Y.dtype.element_ty)
@@ -95,6 +162,50 @@ SILU_MUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
 }
 DEFAULT = (8, 512, 4, 3)  # shapes not measured, when called directly
 
+# ``norm_gemv``: (N, K, silu_mul) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, two_pass), the
+# projections after a decoder layer's norms where the fused prologue beat the norm kernel +
+# product on one H200 (``bench_gemv.py --norm``, bench/results/gemv-norm-h200.json). Llama's
+# gate_up is absent: fused 58.71 us against 58.73 unfused, no gain, so it keeps the norm launch.
+NORM_CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, bool]] = {
+    (6144, 4096, False): (16, 1024, 4, 1, True),  # Llama-3-8B / Qwen3-8B qkv: 15.8 us vs 17.3
+    (24576, 4096, True): (16, 512, 4, 1, False),  # Qwen3 gate_up: 51.0 vs 52.0
+}
+NORM_DEFAULT = (*DEFAULT, False)
+
+
+def _launch(
+    x,
+    weight,
+    bias,
+    tiles,
+    silu_mul,
+    norm_weight=None,
+    residual=None,
+    h=None,
+    eps=0.0,
+    two_pass=False,
+) -> torch.Tensor:
+    """y of ``gemv``; with ``norm_weight``, of ``norm_gemv`` (which allocates ``h``)."""
+    k = x.shape[1]
+    rows = weight.shape[0]
+    assert x.shape[0] == 1 and weight.shape[1] == k
+    assert x.stride(1) == 1 and weight.is_contiguous()
+    assert not silu_mul or (bias is None and rows % 2 == 0)
+    n = rows // 2 if silu_mul else rows
+    block_n, block_k, num_warps, num_stages = tiles
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, y,
+        residual if residual is not None else x,
+        norm_weight if norm_weight is not None else x,
+        h if residual is not None else x,
+        n, k, weight.stride(0), eps,
+        BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
+        NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, TWO_PASS=two_pass,
+        PRECISE=precise_math.PRECISE_MATH, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return y
+
 
 def gemv(
     x: torch.Tensor,
@@ -105,18 +216,28 @@ def gemv(
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for a one-row ``x``; with ``silu_mul``, the SwiGLU activation
     of that product (no bias) (layout: module doc)."""
-    k = x.shape[1]
-    rows = weight.shape[0]
-    assert x.shape[0] == 1 and weight.shape[1] == k
-    assert x.stride(1) == 1 and weight.is_contiguous()
-    assert not silu_mul or (bias is None and rows % 2 == 0)
-    n = rows // 2 if silu_mul else rows
     configs = SILU_MUL_CONFIGS if silu_mul else CONFIGS
-    block_n, block_k, num_warps, num_stages = config or configs.get((rows, k), DEFAULT)
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
-        BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
-        PRECISE=precise_math.PRECISE_MATH, num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
-    return y
+    config = config or configs.get(tuple(weight.shape), DEFAULT)
+    return _launch(x, weight, bias, config, silu_mul)
+
+
+def norm_gemv(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int, int, bool] | None = None,
+    silu_mul: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gemv(rms_norm(h), weight, bias, silu_mul=silu_mul), h)`` with ``h = x + residual``
+    (``x`` when residual is None), in one launch (layout and the two prologues: module doc)."""
+    assert norm_weight.shape == (x.shape[1],) and norm_weight.is_contiguous()
+    if residual is not None:
+        assert residual.shape == x.shape and residual.dtype == x.dtype
+        assert residual.stride(1) == 1
+    *tiles, two_pass = config or NORM_CONFIGS.get((*weight.shape, silu_mul), NORM_DEFAULT)
+    h = x if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = _launch(x, weight, bias, tiles, silu_mul, norm_weight, residual, h, eps, two_pass)
+    return y, h

@@ -9,7 +9,9 @@ copies this rank's shard into the (already sharded) parameter.
 Batch-1 products on CUDA whose weight shape has a measured Triton config
 (``tokenspeed_kernels.gemv.CONFIGS``: the shapes where it read the weight faster than
 cuBLAS; ``SILU_MUL_CONFIGS`` for a SwiGLU's gate/up projection with its activation as the
-product's epilogue) run that kernel; everything else is ``F.linear``.
+product's epilogue) run that kernel; everything else is ``F.linear``. A column-parallel
+layer fed by an RMSNorm (``after_norm``) takes the norm, and the residual add before it, as
+the product's prologue where ``NORM_CONFIGS`` has its shape: one launch fewer per norm.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 
 from tokenspeed_aio.model.kv_cache import local_num_kv_heads
 from tokenspeed_aio.model.layers.activation import silu_and_mul
+from tokenspeed_aio.model.layers.norm import RMSNorm
 from tokenspeed_aio.model.layers.weights import check_shape
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
 
@@ -44,18 +47,59 @@ def linear(
     return silu_and_mul(y) if act_silu_mul else y
 
 
-class _ColumnShardedLinear(nn.Module):
-    """Holds this rank's rows of W (and b); subclasses decide which rows those are."""
+def norm_linear(
+    norm: RMSNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    act_silu_mul: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(linear(norm(h), weight, bias, act_silu_mul), h)`` with ``h = x + residual`` (``x``
+    when residual is None): the norm as the batch-1 Triton product's prologue where it has a
+    config, else the norm layer then ``linear``. Norms are replicated, so this holds on every
+    tensor-parallel rank."""
+    if x.is_cuda and x.shape[0] == 1:
+        from tokenspeed_kernels.gemv import NORM_CONFIGS, norm_gemv
 
-    def __init__(self, input_size: int, local_output_size: int, bias: bool) -> None:
+        config = NORM_CONFIGS.get((*weight.shape, act_silu_mul))
+        if config is not None:
+            return norm_gemv(
+                x, residual, norm.weight, norm.eps, weight, bias, config, silu_mul=act_silu_mul
+            )
+    if residual is None:
+        h, normed = x, norm(x)
+    else:
+        normed, h = norm(x, residual)
+    return linear(normed, weight, bias, act_silu_mul), h
+
+
+class _ColumnShardedLinear(nn.Module):
+    """Holds this rank's rows of W (and b); subclasses decide which rows those are.
+
+    ``act_silu_mul`` (two sub-projections, gate and up): return the SwiGLU activation of the
+    output, fused into the product where the batch-1 kernel has a config for it.
+    """
+
+    def __init__(
+        self, input_size: int, local_output_size: int, bias: bool, act_silu_mul: bool = False
+    ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.input_size = input_size
+        self.act_silu_mul = act_silu_mul
         self.weight = nn.Parameter(torch.empty(local_output_size, input_size))
         self.bias = nn.Parameter(torch.empty(local_output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.act_silu_mul)
+
+    def after_norm(
+        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(norm(h)), h)`` with ``h = x + residual`` (``x`` when residual is None), the
+        norm fused into the product where it can be (``norm_linear``)."""
+        return norm_linear(norm, x, residual, self.weight, self.bias, self.act_silu_mul)
 
     def _copy_rows(
         self, param: torch.Tensor, loaded: torch.Tensor, full_rows: int, src: int, dst: int, n: int
@@ -82,19 +126,20 @@ class MergedColumnParallelLinear(_ColumnShardedLinear):
     """Several column-parallel projections of the same input in one matmul (gate_up_proj).
 
     Each rank holds its shard of every sub-projection, back to back, so the output splits
-    locally (``chunk``) with no communication. ``act_silu_mul`` (two sub-projections, gate
-    and up): return the SwiGLU activation of the output, fused into the product where the
-    batch-1 kernel has a config for it.
+    locally (``chunk``) with no communication.
     """
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        act_silu_mul: bool = False,
+    ) -> None:
         local = [divide(size, tp_size(), "merged output size") for size in output_sizes]
-        super().__init__(input_size, sum(local), bias)
+        super().__init__(input_size, sum(local), bias, act_silu_mul)
         self.output_sizes = output_sizes
         self.local_sizes = local
-
-    def forward(self, x: torch.Tensor, act_silu_mul: bool = False) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, act_silu_mul)
 
     def weight_loader(
         self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None

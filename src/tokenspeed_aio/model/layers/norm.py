@@ -1,7 +1,8 @@
 """RMSNorm, optionally fused with the residual add that precedes it (as vLLM does).
 
 On CUDA both run as one Triton kernel (``tokenspeed_kernels.rmsnorm``, same rounding);
-elsewhere as the torch ops below.
+elsewhere as the torch ops below. A decoder layer's norms go through the projection after them
+(``linear.norm_linear``), which at batch 1 runs them inside the product instead.
 """
 
 from __future__ import annotations

@@ -44,14 +44,21 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(layer_idx)
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)
+        self,
+        positions: torch.Tensor,
+        norm: RMSNorm,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(attention(norm(h)), h)`` with ``h = hidden_states + residual`` (``hidden_states``
+        when residual is None)."""
+        qkv, residual = self.qkv_proj.after_norm(norm, hidden_states, residual)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q = self.q_norm(q.unflatten(-1, (-1, self.head_dim))).flatten(-2)
             k = self.k_norm(k.unflatten(-1, (-1, self.head_dim))).flatten(-2)
-        return self.o_proj(self.attn(q, k, v, ctx, rope=(self.rotary_emb, positions)))
+        return self.o_proj(self.attn(q, k, v, ctx, rope=(self.rotary_emb, positions))), residual
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -70,15 +77,12 @@ class LlamaDecoderLayer(nn.Module):
         ctx: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # The residual stream is carried un-normed and added inside the next norm, so each
-        # add fuses with the norm that follows it.
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, ctx)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        # add fuses with the norm that follows it, and the norm with the projection after it
+        # where it can (``linear.norm_linear``).
+        hidden_states, residual = self.self_attn(
+            positions, self.input_layernorm, hidden_states, residual, ctx
+        )
+        return self.mlp(self.post_attention_layernorm, hidden_states, residual)
 
 
 class LlamaModel(nn.Module):
