@@ -48,3 +48,32 @@ def test_error_mode_is_read_when_a_build_starts(monkeypatch):
     monkeypatch.setenv(CHECK_ENV, "sometimes")
     with pytest.raises(ValueError, match=CHECK_ENV):
         monitor.begin_startup()
+
+
+def test_a_library_jit_build_on_the_serving_thread_counts_as_a_compile(monkeypatch):
+    # FlashInfer's JitSpec.build_and_load, stood in for by a class with the same shape.
+    class Spec:
+        built = 0
+
+        def __init__(self, name):
+            self.name = name
+
+        def build_and_load(self):
+            Spec.built += 1
+            return f"module {self.name}"
+
+    monkeypatch.setenv(CHECK_ENV, "warn")
+    monitor = CompileMonitor()
+    monitor.watch_builds(Spec, "build_and_load", lambda spec: f"flashinfer {spec.name}")
+    monitor.watch_builds(Spec, "build_and_load", lambda spec: "wrapped twice")  # idempotent
+    monitor.begin_startup()
+    assert Spec("prefill").build_and_load() == "module prefill"  # startup: on purpose
+    monitor.mark_serving()
+    assert Spec("decode").build_and_load() == "module decode"
+    assert monitor.stats.serving_compiles == 1 and Spec.built == 2
+    assert monitor._seen == {"flashinfer decode": 1}
+    monkeypatch.setenv(CHECK_ENV, "error")
+    monitor.begin_startup()
+    monitor.mark_serving()
+    with pytest.raises(JitCompileError, match="flashinfer sampling"):
+        Spec("sampling").build_and_load()

@@ -13,14 +13,20 @@ engine compiles freely again once it stopped.
 A kernel parameter that keeps taking new values from one call site (a per-batch
 value passed as tl.constexpr) shows as the same kernel compiling again and again;
 the log names the kernel and its specialization so the culprit is found fast.
+
+Libraries with their own JIT (FlashInfer builds and loads a CUDA module the first time a
+kernel variant is planned) are watched the same way: ``watch_builds`` wraps the method
+that builds, and a build on the serving thread counts as a serving compile.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -84,25 +90,45 @@ class CompileMonitor:
         return False  # never skip the compilation
 
     def _after_compile(self, *args, **kwargs) -> bool:
-        thread = threading.get_ident()
-        start = self._started.pop(thread, time.perf_counter())
-        seconds = time.perf_counter() - start
-        if thread != self._serving_thread:
-            return False  # startup compiles on purpose; other threads are not the round's
+        start = self._started.pop(threading.get_ident(), time.perf_counter())
         fn = kwargs.get("fn")
         name = getattr(getattr(fn, "jit_function", fn), "__name__", None) or kwargs.get("repr", "?")
+        self.compiled(name, time.perf_counter() - start, kwargs.get("repr", name))
+        return False
+
+    def compiled(self, name: str, seconds: float, detail: str | None = None) -> None:
+        """A compilation of ``name`` just finished on this thread: a serving compile when
+        this is the serving thread (logged and counted, or raised under ``error``)."""
+        if threading.get_ident() != self._serving_thread:
+            return  # startup compiles on purpose; other threads are not the round's
         self.stats.serving_compiles += 1
         self.stats.serving_compile_seconds += seconds
         count = self._seen[name] = self._seen.get(name, 0) + 1
         message = (
-            f"JIT compile while serving: {kwargs.get('repr', name)} took {seconds * 1e3:.0f} ms"
+            f"JIT compile while serving: {detail or name} took {seconds * 1e3:.0f} ms"
             f" ({count} serving compiles of {name}; a per-batch constexpr recompiles every "
             "new value)"
         )
         if self.mode == "error":
             raise JitCompileError(message)
         logger.warning(message)
-        return False
+
+    def watch_builds(self, cls: type, method: str, describe: Callable[[object], str]) -> None:
+        """Report every call of ``cls.method`` (a library's JIT build) as a compilation of
+        ``describe(instance)``; idempotent."""
+        original = getattr(cls, method)
+        if getattr(original, "_compile_monitored", False):
+            return
+
+        @functools.wraps(original)
+        def build(instance, *args, **kwargs):
+            start = time.perf_counter()
+            result = original(instance, *args, **kwargs)
+            self.compiled(describe(instance), time.perf_counter() - start)
+            return result
+
+        build._compile_monitored = True
+        setattr(cls, method, build)
 
 
 _monitor: CompileMonitor | None = None

@@ -18,6 +18,10 @@ the served models want), so the backend JIT-compiles one module per dtype and he
 All wrappers share one float and one int workspace on the device: forwards run one at a time
 on one stream, and each is planned just before it runs.
 
+FlashInfer builds and loads a JIT module the first time a kernel variant is planned (here: at
+startup, the memory profile's prefill and the graph captures); the compile monitor watches
+those builds like Triton's, so one on the serving path is reported (or raised).
+
 Every array handed to ``plan`` is pinned: a copy from pageable memory may wait for the stream
 (CUDA's staging rule), which would stall the host behind the running forward. ``plan`` also
 stages its schedule in a pinned buffer of the wrapper and copies it to the device
@@ -34,6 +38,7 @@ import flashinfer
 import numpy as np
 import torch
 
+from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
 from tokenspeed_aio.data_plane.host_sync import allow_host_sync
 from tokenspeed_aio.model.attention.base import AttentionBackend
 from tokenspeed_aio.model.attention.kv_store import rotate_and_store
@@ -88,6 +93,9 @@ class FlashInferAttentionBackend(AttentionBackend):
             raise ValueError(
                 f"the flashinfer attention backend needs float16 or bfloat16, got {dtype}"
             )
+        compile_monitor().watch_builds(
+            flashinfer.jit.core.JitSpec, "build_and_load", lambda spec: f"flashinfer {spec.name}"
+        )
         self.page_size = page_size
         self.heads = (num_q_heads, num_kv_heads, head_dim)
         self.dtype = dtype
