@@ -30,6 +30,7 @@ from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.data_plane.device import build_device_side
 from tokenspeed_aio.data_plane.specs import RankInfo
 from tokenspeed_aio.model.config import ModelConfig
+from tokenspeed_aio.model.cuda_graph import DecodeRows
 
 # Substrings of kernel names -> the category a step's time is reported under.
 CATEGORIES = (
@@ -49,7 +50,7 @@ def category(kernel: str) -> str:
     return "other"
 
 
-def decode_inputs(bs: int, context: int, page: int, width: int) -> dict[str, np.ndarray]:
+def decode_inputs(bs: int, context: int, page: int, width: int) -> DecodeRows:
     """Row i owns blocks [1 + i * per_row, ...): its context fills them; it writes at
     position ``context``."""
     per_row = -(-(context + 1) // page)
@@ -58,30 +59,23 @@ def decode_inputs(bs: int, context: int, page: int, width: int) -> dict[str, np.
         tables[i, :per_row] = 1 + i * per_row + np.arange(per_row)
     positions = np.full(bs, context, np.int64)
     blocks = tables[np.arange(bs), context // page].astype(np.int64)
-    return {
-        "positions": positions,
-        "slot_mapping": blocks * page + context % page,
-        "seq_lens": np.full(bs, context + 1, np.int32),
-        "block_tables": tables,
-    }
+    return DecodeRows(
+        positions=positions,
+        slot_mapping=blocks * page + context % page,
+        slots=np.arange(bs, dtype=np.int64),
+        seq_lens=np.full(bs, context + 1, np.int32),
+        block_tables=tables,
+    )
 
 
 def profile_batch(runner, bs: int, context: int, page: int, replays: int) -> dict:
     graphs = runner.graphs
     width = -(-(context + 1) // page)
-    host = decode_inputs(bs, context, page, width)
-    slots = np.arange(bs, dtype=np.int64)
+    rows = decode_inputs(bs, context, page, width)
 
     @torch.inference_mode()  # as the runner serves: the graphs' buffers are inference tensors
     def step():
-        return graphs.replay(
-            bs,
-            host["positions"],
-            host["slot_mapping"],
-            slots,
-            host["seq_lens"],
-            host["block_tables"],
-        )
+        return graphs.replay(bs, rows)
 
     for _ in range(5):
         step()

@@ -62,6 +62,22 @@ class _Layout(NamedTuple):
         return cls(0, wide, 2 * wide, 3 * wide, 3 * wide + _aligned(bs))
 
 
+class DecodeRows(NamedTuple):
+    """Host inputs of a decode batch's real rows, as the runner built them."""
+
+    positions: np.ndarray  # [B] int64
+    slot_mapping: np.ndarray  # [B] int64
+    slots: np.ndarray  # [B] int64
+    seq_lens: np.ndarray  # [B]
+    block_tables: np.ndarray  # [B, width] int32
+
+    @classmethod
+    def empty(cls) -> DecodeRows:
+        """No real rows: what a capture fills (every row a dummy)."""
+        wide = np.zeros(0, np.int64)
+        return cls(wide, wide, wide, np.zeros(0, np.int32), np.zeros((0, 1), np.int32))
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -124,7 +140,7 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         with allow_host_sync():
             for bs in reversed(self.sizes):  # largest first: later ones reuse its pool
-                self._fill(bs, *_dummy_rows(0))
+                self._fill(bs, DecodeRows.empty())
                 for _ in range(2):  # warm up: compiles and allocator state outside capture
                     self._run(bs)
                 torch.cuda.synchronize()
@@ -147,60 +163,33 @@ class DecodeGraphs:
             return None
         return self.sizes[int(np.searchsorted(self.sizes, batch))]
 
-    def replay(
-        self,
-        bs: int,
-        positions: np.ndarray,
-        slot_mapping: np.ndarray,
-        slots: np.ndarray,
-        seq_lens: np.ndarray,
-        block_tables: np.ndarray,
-    ) -> torch.Tensor:
+    def replay(self, bs: int, rows: DecodeRows) -> torch.Tensor:
         """Ship the host arrays of the batch's real rows (padded here to ``bs``), replay,
         and return the real rows' logits."""
-        self._fill(bs, positions, slot_mapping, slots, seq_lens, block_tables)
+        self._fill(bs, rows)
         self._graphs[bs].replay()
-        return self._logits[bs][: len(slots)]
+        return self._logits[bs][: len(rows.slots)]
 
-    def _fill(
-        self,
-        bs: int,
-        positions: np.ndarray,
-        slot_mapping: np.ndarray,
-        slots: np.ndarray,
-        seq_lens: np.ndarray,
-        block_tables: np.ndarray,
-    ) -> None:
-        n = len(slots)
+    def _fill(self, bs: int, rows: DecodeRows) -> None:
+        n = len(rows.slots)
         at = _Layout.of(bs)
         packed = np.zeros(at.size, np.int32)
         wide = packed[: at.seq_lens].view(np.int64)  # the three int64 fields
         o_smap, o_slots = at.slot_mapping // 2, at.slots // 2
-        wide[:n] = positions
+        wide[:n] = rows.positions
         wide[o_smap : o_smap + bs] = -1  # dummy rows write nothing
-        wide[o_smap : o_smap + n] = slot_mapping
-        wide[o_slots : o_slots + n] = slots
+        wide[o_smap : o_smap + n] = rows.slot_mapping
+        wide[o_slots : o_slots + n] = rows.slots
         packed[at.seq_lens : at.seq_lens + bs] = 1  # dummy rows: one key on the null block
-        packed[at.seq_lens : at.seq_lens + n] = seq_lens
+        packed[at.seq_lens : at.seq_lens + n] = rows.seq_lens
         self.staging[: at.size].copy_(_pinned(packed), non_blocking=True)
         padded_lens = packed[at.seq_lens : at.seq_lens + bs]
-        tables = np.pad(block_tables, ((0, bs - n), (0, 0)))
+        tables = np.pad(rows.block_tables, ((0, bs - n), (0, 0)))
         if self._backend.plans_on_host:
             self._backend.plan(np.ones(bs, np.int32), padded_lens, tables, graph_size=bs)
         else:
             width = tables.shape[1]
             self.block_tables[:bs, :width].copy_(_pinned(tables), non_blocking=True)
-
-
-def _dummy_rows(n: int) -> tuple[np.ndarray, ...]:
-    """Host inputs of ``n`` real rows, all empty: what a capture fills before padding."""
-    return (
-        np.zeros(n, np.int64),
-        np.zeros(n, np.int64),
-        np.zeros(n, np.int64),
-        np.zeros(n, np.int32),
-        np.zeros((n, 1), np.int32),
-    )
 
 
 def _pinned(array: np.ndarray) -> torch.Tensor:

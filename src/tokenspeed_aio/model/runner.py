@@ -18,7 +18,7 @@ import torch
 from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
 from tokenspeed_aio.data_plane.host_sync import host_to_device
 from tokenspeed_aio.model.batch_inputs import HostBatch, build_host_batch
-from tokenspeed_aio.model.cuda_graph import DecodeGraphs
+from tokenspeed_aio.model.cuda_graph import DecodeGraphs, DecodeRows
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
 from tokenspeed_aio.model.forward_timeline import ForwardTimeline
 from tokenspeed_aio.model.grammar_mask import fill_token_bitmask
@@ -103,9 +103,10 @@ class ModelRunner:
         host = build_host_batch(rows, self.block_table, self.page_size)
         bs = self.graphs.graph_size(host.num_rows) if self.graphs and host.decode_only else None
         if bs is not None:
-            logits = self.graphs.replay(
-                bs, host.positions, host.slot_mapping, host.slots, host.seq_lens, host.block_tables
+            rows = DecodeRows(
+                host.positions, host.slot_mapping, host.slots, host.seq_lens, host.block_tables
             )
+            logits = self.graphs.replay(bs, rows)
         else:
             logits = self._eager(host)
         sample_rows = [r for r in rows if r.sample]

@@ -41,7 +41,7 @@ import torch
 from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
 from tokenspeed_aio.data_plane.host_sync import allow_host_sync
 from tokenspeed_aio.model.attention.base import AttentionBackend
-from tokenspeed_aio.model.attention.kv_store import rotate_and_store
+from tokenspeed_aio.model.attention.kv_store import store_layer_kv
 from tokenspeed_aio.model.attention.page_table import paged_kv
 from tokenspeed_aio.model.forward_context import ForwardContext
 
@@ -180,13 +180,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         rope: Rope | None = None,
     ) -> torch.Tensor:
         attn = ctx.attn
-        k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
-        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        q3, k_cache, v_cache = store_layer_kv(q, k, v, layer_idx, ctx, rope)
         num_tokens = q.shape[0]
-        q3 = q.view(num_tokens, -1, head_dim)
-        k3 = k.view(num_tokens, num_kv_heads, head_dim)
-        v3 = v.view(num_tokens, num_kv_heads, head_dim)
-        rotate_and_store(q3, k3, v3, k_cache, v_cache, attn.slot_mapping, rope)
         if self.active is None:
             raise RuntimeError("flashinfer backend: forward before plan")
         out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)

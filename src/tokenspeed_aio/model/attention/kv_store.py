@@ -1,6 +1,6 @@
 """The KV-cache write the kernel backends share: RoPE on q/k, then k/v into the paged cache.
 
-``rotate_and_store`` is the part of ``AttentionBackend.forward``'s contract before the
+``store_layer_kv`` is the part of ``AttentionBackend.forward``'s contract before the
 attention itself (base.py): rotate q and k of every token by RoPE at its position (when the
 layer passes a Rope) and write k/v at ``slot_mapping`` (slot -1 writes nothing). When the
 rotary embedding covers whole heads, rotation and store are one Triton launch.
@@ -17,22 +17,30 @@ if TYPE_CHECKING:
     import torch
 
     from tokenspeed_aio.model.attention.base import Rope
+    from tokenspeed_aio.model.forward_context import ForwardContext
 
 
-def rotate_and_store(
-    q3: torch.Tensor,
-    k3: torch.Tensor,
-    v3: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+def store_layer_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer_idx: int,
+    ctx: ForwardContext,
     rope: Rope | None,
-) -> None:
-    """q3: [T, Hq, D], k3/v3: [T, Hkv, D] (token-strided views are fine); q3 and k3 are
-    rotated in place."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotate and store one layer's new k/v (q/k/v as ``AttentionBackend.forward`` takes
+    them; q and k are rotated in place). Returns q as [T, Hq, D] and the layer's k and v
+    caches."""
+    k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    n = q.shape[0]
+    q3 = q.view(n, -1, head_dim)
+    k3 = k.view(n, num_kv_heads, head_dim)
+    v3 = v.view(n, num_kv_heads, head_dim)
+    slot_mapping = ctx.attn.slot_mapping
     if rope is None:
         kv_write(k3, v3, k_cache, v_cache, slot_mapping)
-        return
+        return q3, k_cache, v_cache
     rotary_emb, positions = rope
     cos_sin = rotary_emb.cos_sin_cache
     if cos_sin.shape[1] == k3.shape[-1]:  # whole heads rotate: one launch
@@ -40,3 +48,4 @@ def rotate_and_store(
     else:
         apply_rotary(q3, k3, positions, cos_sin)
         kv_write(k3, v3, k_cache, v_cache, slot_mapping)
+    return q3, k_cache, v_cache

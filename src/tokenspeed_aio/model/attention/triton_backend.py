@@ -1,6 +1,6 @@
 """Attention backend on the Triton kernels of ``tokenspeed_kernels``.
 
-Per layer: RoPE and the cache write (``kv_store.rotate_and_store``: one launch) store the
+Per layer: RoPE and the cache write (``kv_store.store_layer_kv``: one launch) store the
 forward's k/v at ``slot_mapping``, then either
 ``decode_attention`` (every row has one query: split-KV, CUDA-graph capturable) or
 ``extend_attention`` (prefill chunks over a cached prefix, causal) reads everything back
@@ -21,7 +21,7 @@ from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_
 from tokenspeed_kernels.extend_attention import extend_attention
 
 from tokenspeed_aio.model.attention.base import AttentionBackend
-from tokenspeed_aio.model.attention.kv_store import rotate_and_store
+from tokenspeed_aio.model.attention.kv_store import store_layer_kv
 from tokenspeed_aio.model.forward_context import ForwardContext
 
 if TYPE_CHECKING:
@@ -64,13 +64,9 @@ class TritonAttentionBackend(AttentionBackend):
         rope: Rope | None = None,
     ) -> torch.Tensor:
         attn = ctx.attn
-        k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
+        q3, k_cache, v_cache = store_layer_kv(q, k, v, layer_idx, ctx, rope)
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         num_tokens = q.shape[0]
-        q3 = q.view(num_tokens, -1, head_dim)
-        k3 = k.view(num_tokens, num_kv_heads, head_dim)
-        v3 = v.view(num_tokens, num_kv_heads, head_dim)
-        rotate_and_store(q3, k3, v3, k_cache, v_cache, attn.slot_mapping, rope)
         out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
         scale = head_dim**-0.5
         if attn.is_decode_only:
