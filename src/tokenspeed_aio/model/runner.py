@@ -103,10 +103,10 @@ class ModelRunner:
         host = build_host_batch(rows, self.block_table, self.page_size)
         bs = self.graphs.graph_size(host.num_rows) if self.graphs and host.decode_only else None
         if bs is not None:
-            rows = DecodeRows(
+            inputs = DecodeRows(
                 host.positions, host.slot_mapping, host.slots, host.seq_lens, host.block_tables
             )
-            logits = self.graphs.replay(bs, rows)
+            logits = self.graphs.replay(bs, inputs)
         else:
             logits = self._eager(host)
         sample_rows = [r for r in rows if r.sample]
