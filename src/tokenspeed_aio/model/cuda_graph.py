@@ -107,15 +107,8 @@ class DecodeGraphs:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
 
-    def _fields(self, bs: int) -> tuple[torch.Tensor, ...]:
-        """Views of the staging buffer for size ``bs``: positions, slot_mapping, slots,
-        seq_lens."""
-        at = _Layout.of(bs)
-        wide = [self.staging[o : o + 2 * bs].view(torch.int64) for o in at[:3]]
-        return (*wide, self.staging[at.seq_lens : at.seq_lens + bs])
-
     def _run(self, bs: int) -> torch.Tensor:
-        positions, slot_mapping, slots, seq_lens = self._fields(bs)
+        positions, slot_mapping, slots, seq_lens = staged_fields(self.staging, bs)
         meta = AttentionMetadata(
             num_tokens=bs,
             num_rows=bs,
@@ -171,25 +164,40 @@ class DecodeGraphs:
         return self._logits[bs][: len(rows.slots)]
 
     def _fill(self, bs: int, rows: DecodeRows) -> None:
-        n = len(rows.slots)
+        packed = pack_rows(bs, rows)
+        self.staging[: len(packed)].copy_(_pinned(packed), non_blocking=True)
         at = _Layout.of(bs)
-        packed = np.zeros(at.size, np.int32)
-        wide = packed[: at.seq_lens].view(np.int64)  # the three int64 fields
-        o_smap, o_slots = at.slot_mapping // 2, at.slots // 2
-        wide[:n] = rows.positions
-        wide[o_smap : o_smap + bs] = -1  # dummy rows write nothing
-        wide[o_smap : o_smap + n] = rows.slot_mapping
-        wide[o_slots : o_slots + n] = rows.slots
-        packed[at.seq_lens : at.seq_lens + bs] = 1  # dummy rows: one key on the null block
-        packed[at.seq_lens : at.seq_lens + n] = rows.seq_lens
-        self.staging[: at.size].copy_(_pinned(packed), non_blocking=True)
         padded_lens = packed[at.seq_lens : at.seq_lens + bs]
-        tables = np.pad(rows.block_tables, ((0, bs - n), (0, 0)))
+        tables = np.pad(rows.block_tables, ((0, bs - len(rows.slots)), (0, 0)))
         if self._backend.plans_on_host:
             self._backend.plan(np.ones(bs, np.int32), padded_lens, tables, graph_size=bs)
         else:
             width = tables.shape[1]
             self.block_tables[:bs, :width].copy_(_pinned(tables), non_blocking=True)
+
+
+def pack_rows(bs: int, rows: DecodeRows) -> np.ndarray:
+    """The staging words of a batch padded to ``bs`` rows (layout: module doc)."""
+    n = len(rows.slots)
+    at = _Layout.of(bs)
+    packed = np.zeros(at.size, np.int32)
+    wide = packed[: at.seq_lens].view(np.int64)  # the three int64 fields
+    o_smap, o_slots = at.slot_mapping // 2, at.slots // 2
+    wide[:n] = rows.positions
+    wide[o_smap : o_smap + bs] = -1  # dummy rows write nothing
+    wide[o_smap : o_smap + n] = rows.slot_mapping
+    wide[o_slots : o_slots + n] = rows.slots
+    packed[at.seq_lens : at.seq_lens + bs] = 1  # dummy rows: one key on the null block
+    packed[at.seq_lens : at.seq_lens + n] = rows.seq_lens
+    return packed
+
+
+def staged_fields(staging: torch.Tensor, bs: int) -> tuple[torch.Tensor, ...]:
+    """Views of an int32 staging buffer for size ``bs``: positions, slot_mapping, slots
+    (int64) and seq_lens (int32)."""
+    at = _Layout.of(bs)
+    wide = [staging[o : o + 2 * bs].view(torch.int64) for o in at[:3]]
+    return (*wide, staging[at.seq_lens : at.seq_lens + bs])
 
 
 def _pinned(array: np.ndarray) -> torch.Tensor:
