@@ -2,18 +2,20 @@
 prefix, mixed) and CUDA-graph decode replayed on new lengths. GPU-only, and only where the
 optional ``flashinfer`` package is installed."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
 from kernel_testing import assert_close, forward_context, gpu_test, make_paged_batch
 
-from tokenspeed_aio.model.attention.registry import flashinfer_installed
 from tokenspeed_aio.model.attention.torch_backend import TorchAttentionBackend
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
 from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(
-    not flashinfer_installed(), reason="the optional flashinfer package is not installed"
+    importlib.util.find_spec("flashinfer") is None,
+    reason="the optional flashinfer package is not installed",
 )
 HEADS, HEAD_DIM, PAGE = (32, 8), 128, 16
 

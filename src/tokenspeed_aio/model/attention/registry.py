@@ -8,7 +8,6 @@ factory takes the ones its backend needs and ignores the rest.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -72,11 +71,6 @@ def _flashinfer_backend(
         device=device,
         max_model_len=max_model_len,
     )
-
-
-def flashinfer_installed() -> bool:
-    """Whether the optional ``flashinfer`` package can be found (without importing it)."""
-    return importlib.util.find_spec("flashinfer") is not None
 
 
 register_backend("torch", _torch_backend)
