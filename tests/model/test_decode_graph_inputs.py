@@ -23,7 +23,7 @@ def _rows(n: int) -> DecodeRows:
 def test_each_graph_size_reads_the_rows_then_dummy_padding(n, bs):
     rows = _rows(n)
     staging = torch.full((1024 * 8,), 7, dtype=torch.int32)  # stale words from a larger size
-    packed = pack_rows(bs, rows)
+    packed = pack_rows(bs, rows, dummy_slot=999)
     staging[: len(packed)] = torch.from_numpy(packed)
     positions, slot_mapping, slots, seq_lens = staged_fields(staging, bs)
     assert [t.dtype for t in (positions, slot_mapping, slots, seq_lens)] == [torch.int64] * 3 + [
@@ -32,7 +32,7 @@ def test_each_graph_size_reads_the_rows_then_dummy_padding(n, bs):
     pad = bs - n
     assert positions.tolist() == rows.positions.tolist() + [0] * pad
     assert slot_mapping.tolist() == rows.slot_mapping.tolist() + [-1] * pad  # writes nothing
-    assert slots.tolist() == rows.slots.tolist() + [0] * pad
+    assert slots.tolist() == rows.slots.tolist() + [999] * pad  # the spare future token
     assert seq_lens.tolist() == rows.seq_lens.tolist() + [1] * pad  # one null-block key
 
 

@@ -66,6 +66,34 @@ def test_flags_follow_the_host_mirrors(make_state):
     assert b.any_penalties and b.output_counts is not None
 
 
+@pytest.mark.parametrize(
+    "slots, steps, plain",
+    [
+        ([0, 1], [0, 5], True),
+        ([0, 1, 2], [0, 0, 0], False),  # a row with a temperature
+        ([0, 3], [0, 0], False),  # logprobs
+        ([0, 4], [3, 0], False),  # repetition penalty
+        ([0, 5], [0, 1], False),  # below min_tokens with EOS to ban
+        ([0, 5], [0, 2], True),  # min_tokens reached: no ban left
+    ],
+)
+def test_plain_greedy_is_the_samplers_argmax_only_case(make_state, slots, steps, plain):
+    params = [
+        GREEDY,
+        SamplingParams(temperature=0.0, top_k=3, top_p=0.5),  # greedy ignores filters
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0.0, logprobs=0),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, min_tokens=2),
+    ]
+    state = make_state(params, VOCAB)
+    assert state.plain_greedy(slots, steps) is plain
+    # The same decision the sampler takes from prepare's flags for its stage 0.
+    b = state.prepare(slots, steps)
+    stage0 = b.all_greedy and b.max_num_logprobs < 0
+    assert (stage0 and not (b.any_penalties or b.any_min_tokens_ban)) is plain
+
+
 def test_penalty_state_is_allocated_only_when_a_penalty_is_used(caplog):
     state = SamplingState(4, VOCAB, "cpu")
     for slot in range(3):

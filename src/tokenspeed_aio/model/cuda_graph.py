@@ -1,4 +1,4 @@
-"""CUDA graphs for decode batches: the model forward and the logits, replayed.
+"""CUDA graphs for decode batches: the model forward, the logits and their argmax, replayed.
 
 Static input buffers are sized for the largest captured batch; graphs are captured
 largest first into one shared memory pool. A batch of B decodes replays the graph
@@ -9,12 +9,18 @@ A replay ships its inputs in two non-blocking copies from pinned memory: one pac
 the per-row fields into a staging buffer the graph of each size reads at fixed offsets, and
 the block table rows (2-D, only the columns the batch uses; skipped for backends that plan
 on the host, which ship their own page lists). The decode tokens are gathered inside the
-graph from the future-token buffer by the rows' slots::
+graph from the future-token buffer by the rows' slots, and each graph ends with the argmax
+of the logits written back to that buffer at the same slots: a batch whose rows all take
+the plain argmax (greedy, no logprobs, penalties or bans) needs no sampler launch outside
+the graph; any other batch runs the sampler on the logits, which then overwrites the
+buffer (later in stream order). The buffer's last entry is the dummy rows' slot, so their
+tokens land where no request reads them::
 
     staging (int32) for size bs: | positions (int64 x bs) | slot_mapping (int64 x bs) |
                                  | slots (int64 x bs) | seq_lens (int32 x bs) |
     each region starts 16-byte aligned (Triton specializes on pointer alignment)
-    static rows: | real rows 0..B-1 | dummy rows B..bs-1 (null block, seq_len 1, slot -1) |
+    static rows: | real rows 0..B-1 | dummy rows B..bs-1 (null block, seq_len 1, slot -1,
+                                                         the buffer's last entry) |
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 
 from tokenspeed_aio.data_plane.host_sync import allow_host_sync
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
+from tokenspeed_aio.model.sampling.sampler import argmax_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +109,12 @@ class DecodeGraphs:
         self._model = model
         self._backend = backend
         self._caches = (k_caches, v_caches)
-        self._last_sampled = last_sampled
+        self._last_sampled = last_sampled  # [max_num_seqs + 1]: the last is the dummies'
         self._max_model_len = max_model_len
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}
+        self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _run(self, bs: int) -> torch.Tensor:
+    def _run(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         positions, slot_mapping, slots, seq_lens = staged_fields(self.staging, bs)
         meta = AttentionMetadata(
             num_tokens=bs,
@@ -125,7 +132,10 @@ class DecodeGraphs:
         )
         ids = torch.index_select(self._last_sampled, 0, slots)  # the future tokens
         hidden = self._model(ids, positions, ForwardContext(meta, self._backend, *self._caches))
-        return self._model.compute_logits(hidden)
+        logits = self._model.compute_logits(hidden)
+        tokens = argmax_tokens(logits)
+        self._last_sampled.index_copy_(0, slots, tokens)
+        return logits, tokens
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -139,7 +149,7 @@ class DecodeGraphs:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self._logits[bs] = self._run(bs)
+                    self._outputs[bs] = self._run(bs)
                 self._graphs[bs] = graph
             torch.cuda.synchronize()
         logger.info(
@@ -156,15 +166,18 @@ class DecodeGraphs:
             return None
         return self.sizes[int(np.searchsorted(self.sizes, batch))]
 
-    def replay(self, bs: int, rows: DecodeRows) -> torch.Tensor:
+    def replay(self, bs: int, rows: DecodeRows) -> tuple[torch.Tensor, torch.Tensor]:
         """Ship the host arrays of the batch's real rows (padded here to ``bs``), replay,
-        and return the real rows' logits."""
+        and return the real rows' logits and their argmax (already the slots' future
+        tokens)."""
         self._fill(bs, rows)
         self._graphs[bs].replay()
-        return self._logits[bs][: len(rows.slots)]
+        n = len(rows.slots)
+        logits, tokens = self._outputs[bs]
+        return logits[:n], tokens[:n]
 
     def _fill(self, bs: int, rows: DecodeRows) -> None:
-        packed = pack_rows(bs, rows)
+        packed = pack_rows(bs, rows, dummy_slot=len(self._last_sampled) - 1)
         self.staging[: len(packed)].copy_(_pinned(packed), non_blocking=True)
         at = _Layout.of(bs)
         padded_lens = packed[at.seq_lens : at.seq_lens + bs]
@@ -176,8 +189,9 @@ class DecodeGraphs:
             self.block_tables[:bs, :width].copy_(_pinned(tables), non_blocking=True)
 
 
-def pack_rows(bs: int, rows: DecodeRows) -> np.ndarray:
-    """The staging words of a batch padded to ``bs`` rows (layout: module doc)."""
+def pack_rows(bs: int, rows: DecodeRows, dummy_slot: int) -> np.ndarray:
+    """The staging words of a batch padded to ``bs`` rows (layout: module doc); dummy rows
+    read and write the future-token buffer at ``dummy_slot``."""
     n = len(rows.slots)
     at = _Layout.of(bs)
     packed = np.zeros(at.size, np.int32)
@@ -187,6 +201,7 @@ def pack_rows(bs: int, rows: DecodeRows) -> np.ndarray:
     wide[o_smap : o_smap + bs] = -1  # dummy rows write nothing
     wide[o_smap : o_smap + n] = rows.slot_mapping
     wide[o_slots : o_slots + n] = rows.slots
+    wide[o_slots + n : o_slots + bs] = dummy_slot
     packed[at.seq_lens : at.seq_lens + bs] = 1  # dummy rows: one key on the null block
     packed[at.seq_lens : at.seq_lens + n] = rows.seq_lens
     return packed

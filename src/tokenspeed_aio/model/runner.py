@@ -4,7 +4,9 @@ Per round: apply the rows' slot changes (new owners' sampling state, appended
 blocks), build the inputs on the host (batch_inputs.py), run the model -- a CUDA
 graph replay for decode batches it has captured, else eagerly -- then the sampler;
 write each sampling row's token into the slot's future-token buffer (the next
-decode reads it there), and start the result copies (landing.py).
+decode reads it there), and start the result copies (landing.py). A graph replay
+also takes the argmax and writes the future tokens itself (cuda_graph.py): when
+every row takes the plain argmax, the sampler is skipped.
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // page_size)
         # Host mirror of every slot's block table; rows ship the changes.
         self.block_table = np.zeros((max_num_seqs, self.max_blocks_per_seq), np.int32)
-        # Future tokens: the token each slot sampled last, read by its next decode.
-        self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
+        # Future tokens: the token each slot sampled last, read by its next decode; one
+        # entry more for the decode graphs' dummy rows.
+        self.last_sampled = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=device)
         self.sampling = SamplingState(max_num_seqs, vocab_size, device)
         self.sampler = Sampler()
         self.graphs: DecodeGraphs | None = None
@@ -102,16 +105,17 @@ class ModelRunner:
         self._apply_row_state(rows)
         host = build_host_batch(rows, self.block_table, self.page_size)
         bs = self.graphs.graph_size(host.num_rows) if self.graphs and host.decode_only else None
+        argmax = None
         if bs is not None:
             inputs = DecodeRows(
                 host.positions, host.slot_mapping, host.slots, host.seq_lens, host.block_tables
             )
-            logits = self.graphs.replay(bs, inputs)
+            logits, argmax = self.graphs.replay(bs, inputs)
         else:
             logits = self._eager(host)
         sample_rows = [r for r in rows if r.sample]
         prompt_rows = [r for r in rows if r.prompt_logprob_targets]
-        landing = self._sample(sample_rows, logits[: len(sample_rows)])
+        landing = self._sample(sample_rows, logits[: len(sample_rows)], argmax)
         if prompt_rows:
             self._prompt_logprobs(prompt_rows, logits[len(sample_rows) :], landing)
         event = self.timeline.forward_ended()
@@ -199,11 +203,18 @@ class ModelRunner:
                 end = row.block_offset + len(row.new_block_ids)
                 self.block_table[row.slot, row.block_offset : end] = row.new_block_ids
 
-    def _sample(self, rows: Sequence[ScheduledRow], logits: torch.Tensor) -> Landing:
+    def _sample(
+        self, rows: Sequence[ScheduledRow], logits: torch.Tensor, argmax: torch.Tensor | None
+    ) -> Landing:
+        """Sample the rows (``argmax``: the logits' argmax a graph replay already wrote to
+        the future-token buffer, or None)."""
         if not rows:
             return Landing(tokens=torch.empty(0, dtype=torch.int64))
-        batch = self.sampling.prepare([r.slot for r in rows], [r.output_index for r in rows])
+        slots, steps = [r.slot for r in rows], [r.output_index for r in rows]
         mask = fill_token_bitmask(rows, self.sampling.vocab_size, self.device)
+        if argmax is not None and mask is None and self.sampling.plain_greedy(slots, steps):
+            return Landing(tokens=to_host(argmax))
+        batch = self.sampling.prepare(slots, steps)
         out = self.sampler(logits, batch, mask)
         self.sampling.record(batch, out.tokens)
         self.last_sampled.index_copy_(0, batch.slots, out.tokens)

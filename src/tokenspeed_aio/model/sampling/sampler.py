@@ -66,7 +66,7 @@ def _gather_logprobs(
     return target, top_ids, top_logprobs
 
 
-def _argmax(logits: torch.Tensor) -> torch.Tensor:
+def argmax_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax (ties: the lowest id); one pass of the Triton sampler on CUDA,
     where ``torch.argmax`` of a few wide rows is a slow reduction."""
     if logits.is_cuda and logits.stride(-1) == 1:
@@ -97,7 +97,7 @@ class Sampler:
             and not (batch.any_penalties or batch.any_min_tokens_ban)
             and token_bitmask is None
         ):
-            return SamplerOutput(_argmax(logits), None, None, None)
+            return SamplerOutput(argmax_tokens(logits), None, None, None)
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1) if batch.max_num_logprobs >= 0 else None
         if batch.any_penalties:
@@ -108,7 +108,7 @@ class Sampler:
             token_bitmask.apply(logits)
 
         if batch.all_greedy:
-            tokens = _argmax(logits)
+            tokens = argmax_tokens(logits)
         elif logits.is_cuda and not (batch.any_top_k or batch.any_top_p or batch.any_min_p):
             # One pass over the vocabulary, no [B, V] temporaries; the same draws (a test
             # compares them bit for bit on the GPU).
@@ -120,7 +120,7 @@ class Sampler:
         else:
             tokens = self._sample(logits, batch)
             if batch.any_greedy:
-                tokens = torch.where(batch.temperature == 0.0, _argmax(logits), tokens)
+                tokens = torch.where(batch.temperature == 0.0, argmax_tokens(logits), tokens)
         return self._output(tokens, logprobs, batch)
 
     def _output(

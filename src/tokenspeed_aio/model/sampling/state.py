@@ -138,18 +138,11 @@ class SamplingState:
         ``output_indices[i]`` is how many output tokens row i's request already has.
         """
         self._flush()
-        rows = np.asarray(slots, np.int64)
-        steps = np.asarray(output_indices, np.int64)
-        host_f, host_i = self._host_f32[rows], self._host_i64[rows]
-        greedy = host_f[:, _TEMPERATURE] == 0.0
-        sampled = ~greedy
-        penalized = (
-            (host_f[:, _REPETITION] != 1.0)
-            | (host_f[:, _FREQUENCY] != 0.0)
-            | (host_f[:, _PRESENCE] != 0.0)
+        rows, steps, host_f, host_i, greedy, penalized, banning = self._host_rows(
+            slots, output_indices
         )
+        sampled = ~greedy
         top_k_rows = host_i[sampled, _TOP_K] < self.vocab_size
-        banning = (steps < host_i[:, _MIN_TOKENS]) & (host_i[:, _BANNED] >= 0)
         any_penalties = bool(penalized.any())
 
         # [2, B] rounded up to an even B: both rows start 16-byte aligned, so a kernel that
@@ -184,6 +177,32 @@ class SamplingState:
             any_min_tokens_ban=bool(banning.any()),
             max_num_logprobs=int(host_i[:, _NUM_LOGPROBS].max(initial=-1)),
         )
+
+    def plain_greedy(self, slots: Sequence[int], output_indices: Sequence[int]) -> bool:
+        """Whether every row's token is the plain argmax of its logits (the sampler's stage
+        0: greedy, no penalties, no min_tokens ban, no logprobs), from the host mirrors
+        alone: a caller that already has that argmax needs no ``prepare``."""
+        _, _, _, host_i, greedy, penalized, banning = self._host_rows(slots, output_indices)
+        return bool(
+            greedy.all()
+            and not penalized.any()
+            and not banning.any()
+            and host_i[:, _NUM_LOGPROBS].max(initial=-1) < 0
+        )
+
+    def _host_rows(self, slots: Sequence[int], output_indices: Sequence[int]):
+        """The rows' host settings and the per-row masks both entry points decide on."""
+        rows = np.asarray(slots, np.int64)
+        steps = np.asarray(output_indices, np.int64)
+        host_f, host_i = self._host_f32[rows], self._host_i64[rows]
+        greedy = host_f[:, _TEMPERATURE] == 0.0
+        penalized = (
+            (host_f[:, _REPETITION] != 1.0)
+            | (host_f[:, _FREQUENCY] != 0.0)
+            | (host_f[:, _PRESENCE] != 0.0)
+        )
+        banning = (steps < host_i[:, _MIN_TOKENS]) & (host_i[:, _BANNED] >= 0)
+        return rows, steps, host_f, host_i, greedy, penalized, banning
 
     def record(self, batch: SamplingBatch, sampled_tokens: torch.Tensor) -> None:
         """Count this round's sampled tokens for the penalized rows (device ops only)."""
