@@ -219,6 +219,51 @@ def test_request_outgrowing_cache_is_aborted_in_plan():
     d.sched.check_idle()
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_victim_outgrowing_cache_is_aborted_not_retracted(caching):
+    # 3 usable blocks of 2 tokens. "big" fills all 3 with its 6-token prompt and samples
+    # a 7th token; "small" (older) then needs a block for its decode. Retracted, "big"
+    # could never return (7 tokens need 4 blocks), and with its prompt cached it used to
+    # block the head of the waiting queue forever.
+    d = Driver(
+        num_blocks=4,
+        page_size=2,
+        max_num_seqs=3,
+        max_num_batched_tokens=6,
+        enable_prefix_caching=caching,
+    )
+    d.submit("small", [0, 3], max_tokens=2)
+    d.submit("one", [0, 3, 6, 9], max_tokens=1)
+    d.submit("big", [0, 3, 6, 9, 12, 15], max_tokens=2)
+    d.run()
+    aborts = [a for p in d.plans for a in p.aborts]
+    assert [a.rid for a in aborts] == ["big"]
+    assert "grew to 7 tokens" in aborts[0].message and "KV cache holds (6)" in aborts[0].message
+    assert sum(p.num_retracted for p in d.plans) == 0  # aborted, not retracted
+    assert d.outputs["small"] == reference([0, 3], 2)
+    assert d.outputs["one"] == reference([0, 3, 6, 9], 1)
+    assert d.outputs["big"] == reference([0, 3, 6, 9, 12, 15], 1)
+    d.sched.check_idle()
+
+
+def test_request_retracted_in_flight_then_outgrowing_cache_is_aborted_at_admission():
+    # 4 usable blocks of 1 token, depth 1. "b" fills all 4 with its prompt; "a" (older)
+    # needs a block, so "b" is retracted while its first token is still in flight. When
+    # that token lands "b" holds 5 tokens: more than the pool. With its prompt cached,
+    # admission used to wait for blocks forever; it must end with a planned abort.
+    d = Driver(depth=1, num_blocks=5, page_size=1, max_num_seqs=2, max_num_batched_tokens=7)
+    d.submit("a", [0, 3], max_tokens=6)
+    d.submit("b", [0, 3, 6, 9], max_tokens=5)
+    d.run()
+    assert sum(p.num_retracted for p in d.plans) == 1
+    aborts = {a.rid: a.message for p in d.plans for a in p.aborts}
+    assert set(aborts) == {"a", "b"}  # "a" too outgrows the pool, at 5 tokens
+    assert "grew to 5 tokens" in aborts["b"] and "KV cache holds (4)" in aborts["b"]
+    assert d.outputs["b"] == reference([0, 3, 6, 9], 1)
+    assert d.outputs["a"] == reference([0, 3], 6)[: len(d.outputs["a"])]
+    d.sched.check_idle()
+
+
 def test_max_num_seqs_and_token_budget_respected():
     d = Driver(max_num_seqs=3, max_num_batched_tokens=10)
     for i, p in enumerate(prompts(8, seed=5)):

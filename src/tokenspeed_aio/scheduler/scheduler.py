@@ -172,7 +172,13 @@ class Scheduler:
             n = min(req.num_tokens - computed, budget)
             need = self._blocks_for(computed + n) - len(hits)
             if need > self.pool.num_free - self.pool.num_evictable_among(hits):
-                break
+                if self._blocks_for(req.num_tokens) <= self.pool.num_usable:
+                    break  # it fits once residents give back their blocks
+                # Retracted (with tokens in flight) after its tokens outgrew the whole
+                # pool: it can never be re-admitted, and as the head it would block the
+                # queue forever.
+                self._abort_oversize(req, req.num_tokens, plan)
+                continue
             self.waiting.popleft()
             self.pool.touch(hits)
             req.block_ids = hits + self.pool.allocate(need)
@@ -199,27 +205,38 @@ class Scheduler:
         """Find blocks for n more tokens of a running request, retracting the newest
         residents if needed. False when req itself had to leave the running set."""
         need = self._blocks_for(req.num_computed + n) - len(req.block_ids)
-        while need > self.pool.num_free:
-            victim = self.running[-1]
-            alone = victim is req and len(self.running) == 1
-            if alone and self._blocks_for(req.num_computed + n) > self.pool.num_usable:
-                self._finish(req)
-                plan.aborts.append(
-                    PlannedAbort(
-                        req.rid,
-                        f"the request grew to {req.num_computed + n} tokens, more than "
-                        f"the KV cache holds ({self.pool.num_usable * self.page_size})",
-                    )
-                )
+        if need > self.pool.num_free:
+            usable = self.pool.num_usable
+            if self._blocks_for(req.num_computed + n) > usable:
+                # Not even alone: retracting the others would not help.
+                self._abort_oversize(req, req.num_computed + n, plan)
                 return False
-            self._retract(victim)
-            plan.num_retracted += 1
-            self.num_retractions += 1
-            if victim is req:
-                return False
+            while need > self.pool.num_free:
+                victim = self.running[-1]
+                if not victim.num_pending and self._blocks_for(victim.num_tokens) > usable:
+                    # Its known tokens outgrew the pool: retracted, it could never return.
+                    self._abort_oversize(victim, victim.num_tokens, plan)
+                else:
+                    self._retract(victim)
+                    plan.num_retracted += 1
+                    self.num_retractions += 1
+                if victim is req:
+                    return False
         if need > 0:
             req.block_ids.extend(self.pool.allocate(need))
         return True
+
+    def _abort_oversize(self, req: Request, num_tokens: int, plan: ExecutionPlan) -> None:
+        """End a request whose next forward needs num_tokens positions of KV, more than
+        the whole pool holds: it cannot run even alone."""
+        self._finish(req)
+        plan.aborts.append(
+            PlannedAbort(
+                req.rid,
+                f"the request grew to {num_tokens} tokens, more than "
+                f"the KV cache holds ({self.pool.num_usable * self.page_size})",
+            )
+        )
 
     # The two row builders below run once per running request per round: each reads the
     # request's fields once, into locals, and builds the row with _make (its fields as one
