@@ -1,7 +1,7 @@
 """Batch-1 linear layers on a GPU: cuBLAS (``F.linear``) against the Triton ``gemv`` over a
 grid of tile configs, for the Llama-3-8B and Qwen3-8B projections.
 
-    python kernels/bench_gemv.py [--silu-mul | --norm] [--json OUT.json]
+    python kernels/bench_gemv.py [--silu-mul | --norm | --rope-kv] [--json OUT.json]
 
 Each case replays, from a CUDA graph, one product over each of several copies of the weight
 in turn (more bytes than the L2 holds, as a model's layers are), and reports microseconds
@@ -17,6 +17,12 @@ activation) with the residual add + RMSNorm as the product's prologue
 (``gemv.norm_gemv``), sweeping the tile grid with both prologues (one pass, two passes),
 against the unfused pair: ``rmsnorm.fused_add_rms_norm`` then ``gemv`` with its measured
 config. The best config, with its prologue, belongs in ``gemv.NORM_CONFIGS``.
+
+``--rope-kv`` times the qkv projection of one token with RoPE and the KV-cache write as its
+epilogue (``gemv.norm_gemv_rope_kv``), sweeping BLOCK_HALF and the rest of the grid with both
+prologues, against the unfused pair: ``norm_gemv`` with its ``NORM_CONFIGS`` entry, then
+``rotary.apply_rotary`` with its ``kv_store``; also the fused kernel at its default config
+(``gemv.rope_kv_config``). The best config belongs in ``gemv.ROPE_KV_CONFIGS``.
 """
 
 from __future__ import annotations
@@ -30,10 +36,19 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.testing
-from bench_kernels import copy_bandwidth
+from bench_kernels import copy_bandwidth, run_info
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.gemv import CONFIGS, SILU_MUL_CONFIGS, gemv, norm_gemv
+from tokenspeed_kernels.gemv import (
+    CONFIGS,
+    NORM_CONFIGS,
+    SILU_MUL_CONFIGS,
+    gemv,
+    norm_gemv,
+    norm_gemv_rope_kv,
+    rope_kv_config,
+)
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
+from tokenspeed_kernels.rotary import apply_rotary
 
 # (name, N, K): qkv, o, gate_up, down, lm_head of Llama-3-8B, then Qwen3-8B's that differ.
 SHAPES = (
@@ -49,7 +64,11 @@ SHAPES = (
 GATE_UP_SHAPES = (("gate_up", 28672, 4096), ("qwen3 gate_up", 24576, 4096))
 # (name, N, K, silu_mul): the products after the input and post-attention norms.
 NORM_SHAPES = (("qkv", 6144, 4096, False), *((*shape, True) for shape in GATE_UP_SHAPES))
+# (name, Hq, Hkv, D, K): the qkv projection of Llama-3-8B and Qwen3-8B, [6144, 4096].
+ROPE_KV_SHAPE = ("qkv", 32, 8, 128, 4096)
 GRID = list(itertools.product((4, 8, 16), (512, 1024), (4, 8), (1, 3)))
+# BLOCK_HALF, a program reading twice as many rows: 4 to 32, as GRID's BLOCK_N and one more.
+ROPE_KV_GRID = list(itertools.product((2, 4, 8, 16), (512, 1024), (4, 8), (1, 3)))
 L2_DEFEAT_BYTES = 512 * 2**20
 
 
@@ -111,11 +130,15 @@ def bench_silu_mul(name: str, n: int, k: int) -> dict:
     }
 
 
+def norm_inputs(k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """x, residual, norm_weight and eps of a norm before a product over K = ``k``."""
+    x, residual = (torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return x, residual, torch.randn(k, device="cuda", dtype=torch.bfloat16), 1e-5
+
+
 def bench_norm(name: str, n: int, k: int, silu_mul: bool) -> dict:
     weights = weight_copies(n, k)
-    x, residual = (torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    norm_weight = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-    eps = 1e-5
+    x, residual, norm_weight, eps = norm_inputs(k)
     plain = (SILU_MUL_CONFIGS if silu_mul else CONFIGS)[(n, k)]
 
     def unfused(w):
@@ -150,6 +173,49 @@ def bench_norm(name: str, n: int, k: int, silu_mul: bool) -> dict:
     }
 
 
+def bench_rope_kv(name: str, num_q_heads: int, num_kv_heads: int, head_dim: int, k: int) -> dict:
+    n = (num_q_heads + 2 * num_kv_heads) * head_dim
+    weights = weight_copies(n, k)
+    norm_args = norm_inputs(k)
+    cos_sin = torch.randn(8192, head_dim, device="cuda")
+    positions = torch.tensor([4000], device="cuda")
+    slots = torch.tensor([1234], device="cuda")
+    cache_shape = (256, 16, num_kv_heads, head_dim)
+    caches = [torch.zeros(cache_shape, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
+    plain = NORM_CONFIGS[(n, k, False)]
+    split = [num_q_heads, num_kv_heads, num_kv_heads]
+
+    def unfused(w):
+        y, _ = norm_gemv(*norm_args, w, config=plain)
+        q, k_new, v_new = y.view(1, -1, head_dim).split(split, dim=1)
+        apply_rotary(q, k_new, positions, cos_sin, (v_new, *caches, slots))
+
+    def fused(w, config):
+        norm_gemv_rope_kv(*norm_args, w, None, positions, cos_sin, *caches, slots, config)
+
+    separate = time_per_product(unfused, weights)
+    default = time_per_product(lambda w: fused(w, None), weights)
+    sweep = {
+        (*cfg, two_pass): time_per_product(lambda w, c=(*cfg, two_pass): fused(w, c), weights)
+        for cfg in ROPE_KV_GRID
+        for two_pass in (False, True)
+    }
+    best = min(sweep, key=sweep.get)
+    return {
+        "shape": name,
+        "n": n,
+        "k": k,
+        "heads": [num_q_heads, num_kv_heads, head_dim],
+        "unfused_us": separate,
+        "unfused_norm_config": list(plain),
+        "default_config": list(rope_kv_config(n, k)),
+        "default_us": default,
+        "rope_kv_best_config": list(best),
+        "rope_kv_best_us": sweep[best],
+        "sweep_us": {str(c): round(t, 2) for c, t in sweep.items()},
+    }
+
+
 def bench_plain() -> list[dict]:
     print(f"{'shape':>14} {'cuBLAS us':>10} {'TB/s':>5} {'gemv us':>8} {'TB/s':>5}  best config")
     rows = []
@@ -172,6 +238,9 @@ def main() -> None:
     mode.add_argument(
         "--norm", action="store_true", help="the products with the norm as their prologue"
     )
+    mode.add_argument(
+        "--rope-kv", action="store_true", help="qkv with RoPE + the KV-cache write as epilogue"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gemv.py needs a CUDA device")
@@ -191,16 +260,16 @@ def main() -> None:
                   f"{r['norm_best_us']:.1f} us at {tuple(r['norm_best_config'])} (one pass "
                   f"{r['one_pass_best_us']:.1f}, two passes {r['two_pass_best_us']:.1f})")  # fmt: skip
             torch.cuda.empty_cache()
+    elif args.rope_kv:
+        r = bench_rope_kv(*ROPE_KV_SHAPE)
+        rows = [r]
+        print(f"{r['shape']:>14}: norm_gemv + rotary/kv {r['unfused_us']:.1f} us, fused "
+              f"{r['rope_kv_best_us']:.1f} us at {tuple(r['rope_kv_best_config'])} (default "
+              f"{tuple(r['default_config'])}: {r['default_us']:.1f})")  # fmt: skip
     else:
         rows = bench_plain()
     if args.json:
-        result = {
-            "device": torch.cuda.get_device_name(),
-            "copy_tb_per_s": copy / 1e12,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "shapes": rows,
-        }
+        result = {**run_info(copy), "shapes": rows}
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
 

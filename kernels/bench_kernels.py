@@ -38,6 +38,17 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
+def run_info(copy: float) -> dict:
+    """What every kernel benchmark's JSON starts with: the device, the copy bandwidth
+    measured in the same run, the software."""
+    return {
+        "device": torch.cuda.get_device_name(),
+        "copy_tb_per_s": copy / 1e12,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+
+
 def paged_batch(batch: int, context: int):
     blocks_per_row = triton.cdiv(context, PAGE_SIZE)
     num_blocks = 1 + batch * blocks_per_row
@@ -129,10 +140,7 @@ def main() -> None:
               f"{r['tflops']:.0f} TFLOP/s")  # fmt: skip
     if args.json:
         result = {
-            "device": props.name,
-            "copy_tb_per_s": copy / 1e12,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
+            **run_info(copy),
             "decode": decode,
             "prefill": prefill,
         }

@@ -3,9 +3,19 @@ import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, gpu_test
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.gemv import NORM_CONFIGS, SILU_MUL_CONFIGS, gemv, norm_gemv
+from tokenspeed_kernels.gemv import (
+    NORM_CONFIGS,
+    SILU_MUL_CONFIGS,
+    gemv,
+    norm_gemv,
+    norm_gemv_rope_kv,
+    rope_kv_config,
+)
 from tokenspeed_kernels.reference import rms_norm_reference, silu_and_mul_reference
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
+from tokenspeed_kernels.rotary import apply_rotary
+
+from tokenspeed_aio.model.layers.rotary import build_cos_sin_cache
 
 
 def _operands(n, k, dtype, bias, seed=0):
@@ -142,3 +152,100 @@ def test_norm_gemv_8b_projections_gpu(shape, two_pass):
     assert_close(y, _norm_then_linear(x, r, norm_weight, 1e-5, weight, silu_mul=silu_mul)[0])
     if two_pass:  # the same normed input but where the sums of squares' order moved rstd
         assert (y != y_unfused).float().mean().item() < 5e-2
+
+
+class _RopeKV:
+    """One token's operands of ``norm_gemv_rope_kv``; the caches start as random garbage."""
+
+    def __init__(self, heads, head_dim, k, dtype, residual, bias, max_position=4096, scaling=None):
+        num_q_heads, num_kv_heads = heads
+        rows = (num_q_heads + 2 * num_kv_heads) * head_dim
+        x, r, norm_weight, weight = _norm_operands(rows, k, dtype, residual, seed=rows + k)
+        gen = torch.Generator().manual_seed(k)
+        b = torch.randn(rows, generator=gen).to(DEVICE, dtype) if bias else None
+        self.norm_args = (x, r, norm_weight, 1e-5, weight, b)
+        self.num_q_heads, self.head_dim = num_q_heads, head_dim
+        self.split = [num_q_heads, num_kv_heads, num_kv_heads]
+        self.cos_sin = build_cos_sin_cache(head_dim, max_position, 500000.0, scaling).to(DEVICE)
+        shape = (64, 16, num_kv_heads, head_dim)
+        self.k_cache, self.v_cache = (
+            torch.randn(shape, generator=gen).to(DEVICE, dtype) for _ in "kv"
+        )
+
+    def fused(self, positions, slots, config):
+        caches = (self.k_cache, self.v_cache)
+        return norm_gemv_rope_kv(*self.norm_args, positions, self.cos_sin, *caches, slots, config)
+
+    def unfused(self, positions, slots, config):
+        """norm_gemv, then apply_rotary with kv_store on copies of the caches: (q, h, caches)."""
+        y, h = norm_gemv(*self.norm_args, config=config)
+        q, k, v = y.view(1, -1, self.head_dim).split(self.split, dim=1)
+        k_cache, v_cache = self.k_cache.clone(), self.v_cache.clone()
+        apply_rotary(q, k, positions, self.cos_sin, (v, k_cache, v_cache, slots))
+        return y[:, : self.num_q_heads * self.head_dim], h, k_cache, v_cache
+
+    def assert_fused_equals_unfused(self, positions, slots, config):
+        expected = self.unfused(positions, slots, config)
+        q, h = self.fused(positions, slots, config)
+        assert q.shape == (1, self.num_q_heads * self.head_dim) and q.dtype == h.dtype
+        for actual, want in zip((q, h, self.k_cache, self.v_cache), expected):
+            assert torch.equal(actual, want)
+
+
+def _written_slots(cache, before):
+    return (cache != before).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
+
+
+# GQA: 4 q heads share 2 kv heads; D = 64 is two programs of 16 features per head. bf16 runs
+# the two-pass prologue, fp32 the one-pass one.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "no_residual"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_norm_gemv_rope_kv_equals_norm_gemv_then_rotary_with_kv_store(dtype, residual, bias):
+    op = _RopeKV((4, 2), 64, 256, dtype, residual, bias)
+    before = op.k_cache.clone(), op.v_cache.clone()
+    positions = torch.tensor([1234], device=DEVICE)
+    slots = torch.tensor([7 * 16 + 5], device=DEVICE)
+    op.assert_fused_equals_unfused(positions, slots, (16, 128, 4, 1, dtype == torch.bfloat16))
+    # The token's slot is written and no other.
+    assert _written_slots(op.k_cache, before[0]) == _written_slots(op.v_cache, before[1]) == [117]
+
+
+def test_norm_gemv_rope_kv_writes_nothing_at_slot_minus_one():
+    op = _RopeKV((4, 2), 64, 256, torch.bfloat16, True, False)
+    before = op.k_cache.clone(), op.v_cache.clone()
+    op.assert_fused_equals_unfused(
+        torch.tensor([9], device=DEVICE), torch.tensor([-1], device=DEVICE), (16, 128, 4, 1, False)
+    )
+    assert torch.equal(op.k_cache, before[0]) and torch.equal(op.v_cache, before[1])
+
+
+def test_norm_gemv_rope_kv_reads_position_and_slot_from_the_callers_buffers():
+    # As a CUDA graph replays it: the same buffers, refilled between launches.
+    op = _RopeKV((4, 2), 64, 256, torch.float32, True, False)
+    positions = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    slots = torch.tensor([3], device=DEVICE)
+    q_at_0, _ = op.fused(positions, slots, (16, 128, 4, 1, False))
+    positions.fill_(3000)
+    slots.fill_(40)
+    op.assert_fused_equals_unfused(positions, slots, (16, 128, 4, 1, False))
+    q_at_3000, _ = op.fused(positions, slots, (16, 128, 4, 1, False))
+    assert not torch.equal(q_at_0, q_at_3000)
+
+
+def test_norm_gemv_rope_kv_masks_a_partial_block_of_a_head():
+    # D = 96: a head half of 48 features is a program of 32 and one of 16 (of 32) lanes; MQA.
+    op = _RopeKV((3, 1), 96, 200, torch.bfloat16, True, True)
+    positions, slots = torch.tensor([77], device=DEVICE), torch.tensor([20], device=DEVICE)
+    op.assert_fused_equals_unfused(positions, slots, (32, 64, 4, 1, True))
+
+
+@gpu_test
+@pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "two_pass"])
+def test_norm_gemv_rope_kv_llama_8b_qkv_gpu(two_pass):
+    from test_kernel_rotary import LLAMA3_SCALING
+
+    op = _RopeKV((32, 8), 128, 4096, torch.bfloat16, True, False, 131072, LLAMA3_SCALING)
+    *tiles, _ = rope_kv_config(6144, 4096)
+    positions, slots = torch.tensor([100000], device=DEVICE), torch.tensor([517], device=DEVICE)
+    op.assert_fused_equals_unfused(positions, slots, (*tiles, two_pass))

@@ -101,8 +101,19 @@ async def test_flashinfer_greedy_agrees_with_the_triton_backend(ckpt):
     async with await AsyncEngine.start(args) as engine:
         outs = await run_all(engine, prompts)
         await engine.check_idle()
+    deviations, gaps = await score_by_prefill(
+        replace(args, attention_backend="triton"), prompts, outs
+    )
+    assert max(deviations) < 0.02, sorted(deviations)[-5:]
+    assert max(gaps) < 0.02, sorted(gaps)[-5:]
+
+
+async def score_by_prefill(args: EngineArgs, prompts, outs) -> tuple[list[float], list[float]]:
+    """Score greedy outputs teacher-forced by a prefill of prompt + output on an engine of
+    ``args``: each token's |logprob difference| and how far below the prefill's argmax it
+    is (0 where the prefill picks the same token)."""
     scoring = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
-    async with await AsyncEngine.start(replace(args, attention_backend="triton")) as engine:
+    async with await AsyncEngine.start(args) as engine:
         scored = await final_outputs(
             engine, [p + o.token_ids for p, o in zip(prompts, outs)], scoring
         )
@@ -111,9 +122,39 @@ async def test_flashinfer_greedy_agrees_with_the_triton_backend(ckpt):
         for j, ours in enumerate(out.logprobs):
             theirs = score.prompt_logprobs[len(prompt) + j]
             deviations.append(abs(ours.logprob - theirs.logprob))
-            gaps.append(theirs.top[0][1] - theirs.logprob)  # 0 where Triton agrees
-    assert max(deviations) < 0.02, sorted(deviations)[-5:]
-    assert max(gaps) < 0.02, sorted(gaps)[-5:]
+            gaps.append(theirs.top[0][1] - theirs.logprob)
+    return deviations, gaps
+
+
+async def test_batch1_decode_with_rope_and_kv_write_in_the_qkv_product(ckpt, monkeypatch):
+    # At batch 1 a Llama-8B-shaped qkv product (32 + 2 x 8 heads of 128, ROPE_KV_CONFIGS)
+    # rotates q/k and writes the KV cache in its epilogue. Decoding each prompt alone (the
+    # batch-1 CUDA graph) in fp32 with that epilogue and, in a second engine, without it
+    # (the product, then the backend's RoPE + store) must give the same tokens, and logprobs
+    # equal to fp32 rounding: the two differ only in that fusion's summation tiles.
+    from tokenspeed_kernels import gemv
+
+    path = ckpt(
+        "llama", hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=512, num_hidden_layers=2,
+    )  # fmt: skip
+    assert (6144, 4096) in gemv.ROPE_KV_CONFIGS
+    args = EngineArgs(model=str(path), device="cuda", dtype="float32", max_model_len=1024)
+    prompts = parity_prompts()
+    outs = {}
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(gemv, "ROPE_KV_CONFIGS", {})
+        async with await AsyncEngine.start(args) as engine:
+            outs[fused] = [await final_output(engine, GREEDY, p) for p in prompts]  # batch 1
+            await engine.check_idle()
+    assert [o.token_ids for o in outs[True]] == [o.token_ids for o in outs[False]]
+    deviations = [
+        abs(a.logprob - b.logprob)
+        for x, y in zip(outs[True], outs[False])
+        for a, b in zip(x.logprobs, y.logprobs)
+    ]
+    assert max(deviations) < 1e-4, sorted(deviations)[-5:]
 
 
 async def test_structured_output_on_gpu_compiles_nothing_while_serving(ckpt):

@@ -32,21 +32,15 @@ forward that read it ran long before; the check costs an event query).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import flashinfer
 import numpy as np
 import torch
 
 from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
 from tokenspeed_aio.data_plane.host_sync import allow_host_sync
-from tokenspeed_aio.model.attention.base import AttentionBackend
-from tokenspeed_aio.model.attention.kv_store import store_layer_kv
+from tokenspeed_aio.model.attention.kv_store import StoredKVBackend
 from tokenspeed_aio.model.attention.page_table import paged_kv
 from tokenspeed_aio.model.forward_context import ForwardContext
-
-if TYPE_CHECKING:
-    from tokenspeed_aio.model.attention.base import Rope
 
 WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's split-KV partials (it recommends 128 MB and up)
 INT_WORKSPACE_BYTES = 8 * 2**20  # its schedules (the wrappers' own default size)
@@ -71,7 +65,7 @@ class _Planned:
         self.planned = True
 
 
-class FlashInferAttentionBackend(AttentionBackend):
+class FlashInferAttentionBackend(StoredKVBackend):
     name = "flashinfer"
     supports_cuda_graphs = True
     plans_on_host = True
@@ -170,18 +164,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         wrapper.reset_workspace_buffer(self.workspace, self.int_workspace)
         return _Planned(wrapper, indices)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_idx: int,
-        ctx: ForwardContext,
-        rope: Rope | None = None,
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_idx: int, ctx: ForwardContext) -> torch.Tensor:
         attn = ctx.attn
-        q3, k_cache, v_cache = store_layer_kv(q, k, v, layer_idx, ctx, rope)
+        k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
         num_tokens = q.shape[0]
+        q3 = q.view(num_tokens, -1, k_cache.shape[3])
         if self.active is None:
             raise RuntimeError("flashinfer backend: forward before plan")
         out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)

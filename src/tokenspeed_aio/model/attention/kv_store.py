@@ -4,14 +4,21 @@
 attention itself (base.py): rotate q and k of every token by RoPE at its position (when the
 layer passes a Rope) and write k/v at ``slot_mapping`` (slot -1 writes nothing). When the
 rotary embedding covers whole heads, rotation and store are one Triton launch.
+
+``StoredKVBackend`` is a backend whose forward is that store, then ``attend``; a caller that
+has already rotated q and stored k/v itself (the batch-1 qkv product with RoPE and the cache
+write as its epilogue, ``model/layers/linear.py``) calls ``attend`` directly.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import TYPE_CHECKING
 
 from tokenspeed_kernels.kv_write import kv_write
 from tokenspeed_kernels.rotary import apply_rotary
+
+from tokenspeed_aio.model.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
     import torch
@@ -49,3 +56,25 @@ def store_layer_kv(
         apply_rotary(q3, k3, positions, cos_sin)
         kv_write(k3, v3, k_cache, v_cache, slot_mapping)
     return q3, k_cache, v_cache
+
+
+class StoredKVBackend(AttentionBackend):
+    """``forward`` = ``store_layer_kv``, then ``attend`` over the cache."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_idx: int,
+        ctx: ForwardContext,
+        rope: Rope | None = None,
+    ) -> torch.Tensor:
+        store_layer_kv(q, k, v, layer_idx, ctx, rope)
+        return self.attend(q, layer_idx, ctx)
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, layer_idx: int, ctx: ForwardContext) -> torch.Tensor:
+        """``forward`` after the store: q [num_tokens, num_q_heads * head_dim], already
+        rotated; this forward's k/v are already in layer ``layer_idx``'s cache. Returns
+        ``forward``'s output."""

@@ -1,7 +1,7 @@
 """Attention backend on the Triton kernels of ``tokenspeed_kernels``.
 
-Per layer: RoPE and the cache write (``kv_store.store_layer_kv``: one launch) store the
-forward's k/v at ``slot_mapping``, then either
+Per layer: RoPE and the cache write (``kv_store.store_layer_kv``: one launch, or the batch-1
+qkv product's epilogue) store the forward's k/v at ``slot_mapping``, then ``attend`` runs either
 ``decode_attention`` (every row has one query: split-KV, CUDA-graph capturable) or
 ``extend_attention`` (prefill chunks over a cached prefix, causal) reads everything back
 from the paged cache.
@@ -20,15 +20,13 @@ import torch
 from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
 from tokenspeed_kernels.extend_attention import extend_attention
 
-from tokenspeed_aio.model.attention.base import AttentionBackend
-from tokenspeed_aio.model.attention.kv_store import store_layer_kv
-from tokenspeed_aio.model.forward_context import ForwardContext
+from tokenspeed_aio.model.attention.kv_store import StoredKVBackend
 
 if TYPE_CHECKING:
-    from tokenspeed_aio.model.attention.base import Rope
+    from tokenspeed_aio.model.forward_context import ForwardContext
 
 
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(StoredKVBackend):
     name = "triton"
     supports_cuda_graphs = True
 
@@ -54,19 +52,12 @@ class TritonAttentionBackend(AttentionBackend):
             )
         return self._splits[key]
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_idx: int,
-        ctx: ForwardContext,
-        rope: Rope | None = None,
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_idx: int, ctx: ForwardContext) -> torch.Tensor:
         attn = ctx.attn
-        q3, k_cache, v_cache = store_layer_kv(q, k, v, layer_idx, ctx, rope)
+        k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         num_tokens = q.shape[0]
+        q3 = q.view(num_tokens, -1, head_dim)
         out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
         scale = head_dim**-0.5
         if attn.is_decode_only:

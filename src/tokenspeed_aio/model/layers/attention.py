@@ -2,7 +2,8 @@
 
 Projections and q/k norms live in the model's attention block; RoPE is applied by the
 backend (model/attention/) with the cache write, which a kernel backend fuses into one
-launch; the attention math lives there too. The backend is chosen at startup and passed in
+launch (or, at batch 1, the qkv product's epilogue, and the layer calls ``attend``); the
+attention math lives there too. The backend is chosen at startup and passed in
 ``ctx`` so a layer never looks it up globally.
 """
 
@@ -35,3 +36,8 @@ class Attention(nn.Module):
         """q [n, Hq * D], k/v [n, Hkv * D] (this rank's heads) -> [n, Hq * D]; ``rope``
         rotates q and k first (the backend's contract)."""
         return ctx.backend.forward(q, k, v, self.layer_idx, ctx, rope)
+
+    def attend(self, q: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The attention alone, for a q already rotated whose k/v the caller already wrote
+        into this layer's cache (a ``kv_store.StoredKVBackend``'s ``attend``)."""
+        return ctx.backend.attend(q, self.layer_idx, ctx)

@@ -11,10 +11,14 @@ Batch-1 products on CUDA whose weight shape has a measured Triton config
 cuBLAS; ``SILU_MUL_CONFIGS`` for a SwiGLU's gate/up projection with its activation as the
 product's epilogue) run that kernel; everything else is ``F.linear``. A column-parallel
 layer fed by an RMSNorm (``after_norm``) takes the norm, and the residual add before it, as
-the product's prologue where ``NORM_CONFIGS`` has its shape: one launch fewer per norm.
+the product's prologue where ``NORM_CONFIGS`` has its shape: one launch fewer per norm; a
+batch-1 qkv projection also takes RoPE and the KV-cache write as its epilogue where
+``ROPE_KV_CONFIGS`` has its shape (``norm_linear_rope_kv``): one launch fewer per layer.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +29,9 @@ from tokenspeed_aio.model.layers.activation import silu_and_mul
 from tokenspeed_aio.model.layers.norm import RMSNorm
 from tokenspeed_aio.model.layers.weights import check_shape
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
+
+if TYPE_CHECKING:
+    from tokenspeed_aio.model.attention.base import Rope
 
 
 def linear(
@@ -72,6 +79,37 @@ def norm_linear(
     else:
         normed, h = norm(x, residual)
     return linear(normed, weight, bias, act_silu_mul), h
+
+
+def norm_linear_rope_kv(
+    norm: RMSNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    rope: Rope,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A batch-1 qkv projection with the norm as its prologue and, as its epilogue, RoPE on
+    q and k and k/v written into the paged cache at ``slot_mapping``
+    (``gemv.norm_gemv_rope_kv``): ``(rotated q, h)``, where ``ROPE_KV_CONFIGS`` has the
+    weight's shape and RoPE covers whole heads; None elsewhere (the caller runs the
+    product, then the attention backend's store)."""
+    if not (x.is_cuda and x.shape[0] == 1):
+        return None
+    from tokenspeed_kernels.gemv import ROPE_KV_CONFIGS, norm_gemv_rope_kv
+
+    rotary_emb, positions = rope
+    cos_sin = rotary_emb.cos_sin_cache
+    config = ROPE_KV_CONFIGS.get(tuple(weight.shape))
+    if config is None or cos_sin.shape[1] != k_cache.shape[-1]:
+        return None
+    return norm_gemv_rope_kv(
+        x, residual, norm.weight, norm.eps, weight, bias, positions, cos_sin,
+        k_cache, v_cache, slot_mapping, config,
+    )  # fmt: skip
 
 
 class _ColumnShardedLinear(nn.Module):

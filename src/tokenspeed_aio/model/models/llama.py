@@ -11,11 +11,16 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from tokenspeed_aio.model.attention.kv_store import StoredKVBackend
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.forward_context import ForwardContext
 from tokenspeed_aio.model.layers.attention import Attention
 from tokenspeed_aio.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from tokenspeed_aio.model.layers.linear import QKVParallelLinear, RowParallelLinear
+from tokenspeed_aio.model.layers.linear import (
+    QKVParallelLinear,
+    RowParallelLinear,
+    norm_linear_rope_kv,
+)
 from tokenspeed_aio.model.layers.mlp import GatedMLP
 from tokenspeed_aio.model.layers.norm import RMSNorm
 from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
@@ -53,12 +58,22 @@ class LlamaAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(attention(norm(h)), h)`` with ``h = hidden_states + residual`` (``hidden_states``
         when residual is None)."""
+        rope = (self.rotary_emb, positions)
+        if not self.qk_norm and isinstance(ctx.backend, StoredKVBackend):
+            layer = self.attn.layer_idx
+            fused = norm_linear_rope_kv(
+                norm, hidden_states, residual, self.qkv_proj.weight, self.qkv_proj.bias, rope,
+                ctx.k_caches[layer], ctx.v_caches[layer], ctx.attn.slot_mapping,
+            )  # fmt: skip
+            if fused is not None:  # q rotated, k/v stored by the product
+                q, residual = fused
+                return self.o_proj(self.attn.attend(q, ctx)), residual
         qkv, residual = self.qkv_proj.after_norm(norm, hidden_states, residual)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q = self.q_norm(q.unflatten(-1, (-1, self.head_dim))).flatten(-2)
             k = self.k_norm(k.unflatten(-1, (-1, self.head_dim))).flatten(-2)
-        return self.o_proj(self.attn(q, k, v, ctx, rope=(self.rotary_emb, positions))), residual
+        return self.o_proj(self.attn(q, k, v, ctx, rope=rope)), residual
 
 
 class LlamaDecoderLayer(nn.Module):
