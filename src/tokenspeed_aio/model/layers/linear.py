@@ -9,7 +9,9 @@ copies this rank's shard into the (already sharded) parameter.
 Batch-1 products on CUDA whose weight shape has a measured Triton config
 (``tokenspeed_kernels.gemv.CONFIGS``: the shapes where it read the weight faster than
 cuBLAS; ``SILU_MUL_CONFIGS`` for a SwiGLU's gate/up projection with its activation as the
-product's epilogue) run that kernel; everything else is ``F.linear``. A column-parallel
+product's epilogue) run that kernel, and 16-bit products of 2 to 64 rows likewise
+``tokenspeed_kernels.skinny_gemm`` (its tables keyed by shape and row bucket); everything
+else is ``F.linear``. A column-parallel
 layer fed by an RMSNorm (``after_norm``) takes the norm, and the residual add before it, as
 the product's prologue where ``NORM_CONFIGS`` has its shape: one launch fewer per norm; a
 batch-1 qkv projection also takes RoPE and the KV-cache write as its epilogue where
@@ -40,15 +42,24 @@ def linear(
     bias: torch.Tensor | None = None,
     act_silu_mul: bool = False,
 ) -> torch.Tensor:
-    """``F.linear`` -- followed by ``silu_and_mul`` when ``act_silu_mul`` -- or the batch-1
-    Triton product where it was measured faster."""
-    if x.is_cuda and x.shape[0] == 1:
-        from tokenspeed_kernels.gemv import CONFIGS, SILU_MUL_CONFIGS, gemv
+    """``F.linear`` -- followed by ``silu_and_mul`` when ``act_silu_mul`` -- or the Triton
+    product for a batch of at most 64 rows (2 to 64 in a 16-bit dtype) where it was measured
+    faster."""
+    rows = x.shape[0]
+    # skinny_gemm's tiles were measured in 16-bit dtypes; fp32's need twice the shared memory.
+    if x.is_cuda and (rows == 1 or (rows <= 64 and x.element_size() == 2)):
+        if rows == 1:
+            from tokenspeed_kernels import gemv as kernel
 
-        shape = tuple(weight.shape)
-        if act_silu_mul and bias is None and shape in SILU_MUL_CONFIGS:
-            return gemv(x, weight, None, SILU_MUL_CONFIGS[shape], silu_mul=True)
-        y = gemv(x, weight, bias, CONFIGS[shape]) if shape in CONFIGS else F.linear(x, weight, bias)
+            product, key = kernel.gemv, tuple(weight.shape)
+        else:
+            from tokenspeed_kernels import skinny_gemm as kernel
+
+            product, key = kernel.skinny_gemm, (*weight.shape, kernel.m_bucket(rows))
+        if act_silu_mul and bias is None and key in kernel.SILU_MUL_CONFIGS:
+            return product(x, weight, None, kernel.SILU_MUL_CONFIGS[key], silu_mul=True)
+        config = kernel.CONFIGS.get(key)
+        y = product(x, weight, bias, config) if config else F.linear(x, weight, bias)
     else:
         y = F.linear(x, weight, bias)
     return silu_and_mul(y) if act_silu_mul else y

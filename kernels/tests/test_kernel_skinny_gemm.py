@@ -1,0 +1,95 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_testing import DEVICE, assert_close, gpu_test
+from tokenspeed_kernels.activation import silu_and_mul
+from tokenspeed_kernels.skinny_gemm import DEFAULT, SILU_MUL_CONFIGS, m_bucket, skinny_gemm
+
+# K = 300: 4 full 64-chunks + a masked tail; SPLIT_K=3 gives slices of 2 chunks: [0, 128),
+# [128, 256), [256, 300). N = 88 features: the last tile is cut short for BLOCK_N 32 and 16.
+ONE_PASS = (32, 64, 1, 4, 3)
+SPLIT = (16, 64, 3, 4, 3)
+
+
+def _operands(m, n, k, dtype, bias=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    weight = (torch.randn(n, k, generator=gen) / k**0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=gen).to(DEVICE, dtype) if bias else None
+    return x, weight, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 33, 64])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("config", [ONE_PASS, SPLIT], ids=["split_k1", "split_k3"])
+def test_skinny_gemm_matches_linear(dtype, m, bias, config):
+    x, weight, b = _operands(m, 88, 300, dtype, bias, seed=m)
+    y = skinny_gemm(x, weight, b, config=config)
+    assert y.shape == (m, 88) and y.dtype == dtype
+    assert_close(y, F.linear(x, weight, b))
+
+
+def test_m_bucket_pads_rows_to_16_32_or_64():
+    assert [m_bucket(m) for m in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+
+
+@pytest.mark.parametrize("config", [ONE_PASS, SPLIT], ids=["split_k1", "split_k3"])
+def test_skinny_gemm_of_rows_cut_from_a_wider_tensor(config):
+    x, weight, _ = _operands(5, 48, 256, torch.float32)
+    wide = torch.cat([x, 2 * x], dim=1)  # rows strided by 512, K contiguous
+    assert_close(skinny_gemm(wide[:, :256], weight, config=config), F.linear(x, weight))
+
+
+def test_split_k_with_empty_slices_is_exact_and_deterministic():
+    # 2 chunks of 128 over 8 slices: six slices own no chunk and must add zeros, not garbage.
+    x, weight, b = _operands(7, 40, 200, torch.float32, bias=True, seed=3)
+    config = (16, 128, 8, 4, 3)
+    y = skinny_gemm(x, weight, b, config=config)
+    assert_close(y, F.linear(x, weight, b))
+    assert torch.equal(y, skinny_gemm(x, weight, b, config=config))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [2, 33])
+@pytest.mark.parametrize("config", [ONE_PASS, SPLIT], ids=["split_k1", "split_k3"])
+def test_silu_mul_is_the_product_then_the_activation(dtype, m, config):
+    x, weight, _ = _operands(m, 2 * 88, 300, dtype, seed=5)
+    y = skinny_gemm(x, weight, config=config, silu_mul=True)
+    assert y.shape == (m, 88) and y.dtype == dtype
+    # The same values as the product (this kernel, same tiles) followed by the activation.
+    assert torch.equal(y, silu_and_mul(skinny_gemm(x, weight, config=config)))
+    assert_close(y, silu_and_mul(F.linear(x, weight)))
+
+
+def test_more_than_64_rows_are_refused():
+    x, weight, _ = _operands(65, 32, 64, torch.float32)
+    with pytest.raises(AssertionError, match="1 to 64 rows"):
+        skinny_gemm(x, weight)
+
+
+# Llama-3-8B's qkv, o_proj, down: tiles from CONFIGS (DEFAULT until measured), and split-K.
+LLAMA_8B = [(6144, 4096), (4096, 4096), (4096, 14336)]
+GPU_CONFIGS = [None, (64, 128, 4, 4, 4)]
+
+
+@gpu_test
+@pytest.mark.parametrize("n,k", LLAMA_8B)
+@pytest.mark.parametrize("m", [2, 16, 64])
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=["table", "split_k4"])
+def test_skinny_gemm_llama_8b_projections_gpu(n, k, m, config):
+    x, weight, _ = _operands(m, n, k, torch.bfloat16)
+    y = skinny_gemm(x, weight, config=config)
+    assert_close(y, F.linear(x, weight))
+    assert torch.equal(y, skinny_gemm(x, weight, config=config))  # no atomics: the same bits
+
+
+@gpu_test
+@pytest.mark.parametrize("m", [2, 16, 64])
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=["table", "split_k4"])
+def test_silu_mul_llama_8b_gate_up_gpu(m, config):
+    x, weight, _ = _operands(m, 28672, 4096, torch.bfloat16)
+    tiles = config or SILU_MUL_CONFIGS.get((28672, 4096, m_bucket(m)), DEFAULT)
+    y = skinny_gemm(x, weight, config=config, silu_mul=True)
+    assert torch.equal(y, silu_and_mul(skinny_gemm(x, weight, config=tiles)))
+    assert_close(y, silu_and_mul(F.linear(x, weight)))

@@ -1,0 +1,237 @@
+"""Linear layer of a small decode batch: ``y = x @ weight.T (+ bias)`` for up to 64 rows of x.
+
+Layout contract::
+
+    x:      [M, K], 1 <= M <= 64, K contiguous (rows may be strided)
+    weight: [N, K] contiguous (nn.Linear's layout), x's dtype
+    bias:   [N] or None
+    y:      [M, N], x's dtype, a new tensor
+
+With M <= 64 the product is, like ``gemv``'s, a read of the weight: its time is how close
+that read comes to the memory bandwidth. A program owns ``BLOCK_N`` output features for every
+row of x and streams their rows of ``weight`` once, in ``BLOCK_K`` chunks; x's rows pad to
+``BLOCK_M`` (``m_bucket(M)``: 16, 32 or 64, rows past M masked) and each chunk is one
+``tl.dot`` of ``weight[BLOCK_N, BLOCK_K] @ x.T[BLOCK_K, BLOCK_M]`` -- the weight is the dot's
+M side, so tiles of 64+ features can use Hopper's wgmma however few the rows.
+
+Split-K (``SPLIT_K > 1``), for shapes whose features alone make too few programs, gives a
+program one K slice of ``ceil(ceil(K / BLOCK_K) / SPLIT_K)`` chunks (the last slices may get
+fewer, or none). Partials go to an fp32 workspace ``[SPLIT_K, M, N]`` and a second launch
+sums them in slice order, so results are deterministic (no atomics); with ``SPLIT_K = 1`` the
+product's own epilogue writes y.
+
+Sums are fp32 (``input_precision="ieee"``: fp32 operands do not drop to TF32) and round once
+to x's dtype after the bias; the order differs from cuBLAS's, so results agree with
+``F.linear`` to rounding, not bit for bit.
+
+``silu_mul=True`` is a SwiGLU's gate/up projection and its activation in one pass, as in
+``gemv``: weight is ``[2d, K]`` (gate rows, then up rows), no bias, y is ``[M, d]``, and a
+program owns features ``f`` of both halves (rows ``f`` and ``d + f``; ``BLOCK_N`` counts one
+half). Each product rounds to x's dtype and ``silu(gate) * up`` rounds as
+``activation.silu_and_mul``: the same values as the plain product with the same config
+followed by that kernel.
+
+A config is ``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)``. ``CONFIGS`` and
+``SILU_MUL_CONFIGS`` are keyed by ``(N, K, m_bucket)`` (the weight's shape, ``[2d, K]`` for
+``silu_mul``) and hold only tiles ``kernels/bench_skinny_gemm.py`` measured on the H200;
+``DEFAULT`` serves other shapes when called directly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed_kernels import precise_math
+from tokenspeed_kernels.activation import silu_mul
+
+MAX_M = 64
+SUM_BLOCK = 1024  # features per program of the split-K sum
+# NOTE: Triton's interpreter (CPU tests) hands bf16 dot operands to numpy as their raw uint16
+# bits; there they go to fp32 first, which keeps the products exact, as the MMA's are.
+_DOT_IN_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _dot(w, x, acc):
+    if _DOT_IN_FP32:
+        w = w.to(tl.float32)
+        x = x.to(tl.float32)
+    return tl.dot(w, x, acc, input_precision="ieee")
+
+
+@triton.jit
+def _finish(acc, acc_up, bias_ptrs, mask, dtype: tl.constexpr, HAS_BIAS, SILU_MUL, PRECISE):
+    """fp32 sums to y: add the bias, round to ``dtype``; with SILU_MUL, ``silu(gate) * up``."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptrs, mask=mask, other=0.0).to(tl.float32)
+    y = acc.to(dtype)
+    if SILU_MUL:
+        y = silu_mul(y, acc_up.to(dtype), PRECISE)
+    return y
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    X,
+    W,
+    Bias,
+    Out,  # y; with PARTIAL, the fp32 workspace
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    k_per_split,  # a multiple of BLOCK_K
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PARTIAL: tl.constexpr,  # SPLIT_K > 1: write fp32 sums of this K slice to the workspace
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr,  # rows [0, N) are gates, [N, 2N) their ups (module doc)
+    PRECISE: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    w_ptrs = W + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
+    up_ptrs = W + (offs_n + N).to(tl.int64)[:, None] * K + offs_k[None, :]
+    x_ptrs = X + offs_m[None, :] * stride_xm + offs_k[:, None]  # x.T: [BLOCK_K, BLOCK_M]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
+        mask_k = (k0 + offs_k) < K
+        x = tl.load(x_ptrs + k0, mask=mask_k[:, None] & mask_m[None, :], other=0.0)
+        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        acc = _dot(w, x, acc)
+        if SILU_MUL:
+            w_up = tl.load(up_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            acc_up = _dot(w_up, x, acc_up)
+    mask = mask_n[:, None] & mask_m[None, :]
+    out_ptrs = Out + offs_m[None, :] * stride_om + offs_n[:, None]  # y.T's tile
+    if PARTIAL:
+        out_ptrs += pid_k * M * stride_om
+        tl.store(out_ptrs, acc, mask=mask)
+        if SILU_MUL:
+            tl.store(out_ptrs + N, acc_up, mask=mask)
+    else:
+        dtype = Out.dtype.element_ty
+        y = _finish(acc, acc_up, Bias + offs_n[:, None], mask_n[:, None], dtype, HAS_BIAS,
+                    SILU_MUL, PRECISE)  # fmt: skip
+        tl.store(out_ptrs, y, mask=mask)
+
+
+@triton.jit
+def _split_k_sum_kernel(
+    Partials,  # [split_k, M, N], or [split_k, M, 2N] with SILU_MUL
+    Bias,
+    Y,
+    M,
+    N,
+    split_k,
+    stride_ym,
+    BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    row_len = 2 * N if SILU_MUL else N
+    ptrs = Partials + row * row_len + offs
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(split_k):  # in slice order: the same bits every run
+        acc += tl.load(ptrs + s * M * row_len, mask=mask, other=0.0)
+        if SILU_MUL:
+            acc_up += tl.load(ptrs + s * M * row_len + N, mask=mask, other=0.0)
+    y = _finish(acc, acc_up, Bias + offs, mask, Y.dtype.element_ty, HAS_BIAS, SILU_MUL, PRECISE)
+    tl.store(Y + row * stride_ym + offs, y, mask=mask)
+
+
+# (N, K, m_bucket) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages). Entries come only
+# from kernels/bench_skinny_gemm.py on the H200 (bench/results/skinny-gemm-h200-session5.json,
+# run at M = 2, 4, 8, 16, 32, 64): the winners of a bucket's tile search that matched F.linear
+# and beat cuBLAS at every measured M of the bucket (us: ours vs cuBLAS at each M measured in
+# the bucket: 2/4/8/16, 32 or 64). A bucket's rows pad to its top, so the kernel's time is
+# flat inside it.
+CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
+    (6144, 4096, 16): (64, 256, 1, 4, 4),  # qkv: 14.5/14.6/14.7/14.8 vs 15.4/15.3/15.5/15.7
+    (6144, 4096, 32): (64, 256, 1, 4, 4),  # qkv: 15.3 vs 16.0
+    (4096, 4096, 16): (64, 128, 2, 4, 5),  # o_proj: 11.7/11.8/11.9/12.0 vs 13.5/13.7/13.3/12.7
+    (4096, 4096, 32): (64, 128, 2, 4, 5),  # o_proj: 12.5 vs 14.1
+    (28672, 4096, 64): (128, 128, 1, 4, 4),  # gate_up: 62.3 vs 62.7
+    (4096, 14336, 16): (64, 128, 4, 4, 4),  # down: 31.4/31.5/31.8/32.1 vs 32.5/32.5/32.6/33.2
+    (4096, 14336, 32): (64, 256, 2, 4, 4),  # down: 32.5 vs 34.1
+    (4096, 14336, 64): (128, 128, 4, 4, 4),  # down: 35.3 vs 36.6
+    # qwen3 gate_up: 48.5/48.6/48.9/49.2 vs 49.6/49.8/54.2/50.5
+    (24576, 4096, 16): (64, 64, 1, 4, 5),
+    (24576, 4096, 32): (64, 64, 1, 4, 5),  # qwen3 gate_up: 50.4 vs 51.0
+    (4096, 12288, 16): (64, 128, 4, 4, 3),  # qwen3 down: 28.0/28.1/28.3/28.6 vs 30.6/30.5/30.7/29.4
+    (4096, 12288, 32): (64, 256, 2, 4, 4),  # qwen3 down: 28.8 vs 30.5
+    (4096, 12288, 64): (64, 128, 2, 4, 5),  # qwen3 down: 30.5 vs 32.7
+}
+# The same for ``silu_mul=True``, keyed by the weight's [2d, K], against cuBLAS followed by
+# ``silu_and_mul`` (``--silu-mul``, skinny-gemm-silu-mul-h200-session5.json); BLOCK_N counts
+# the features of one half. Llama's gate_up at M <= 16 won no bucket: it stays cuBLAS.
+SILU_MUL_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
+    (28672, 4096, 32): (64, 128, 1, 4, 4),  # gate_up: 59.9 vs 61.5
+    (28672, 4096, 64): (64, 128, 1, 4, 4),  # gate_up: 64.0 vs 66.2
+    # qwen3 gate_up: 50.4/50.5/50.2/50.3 vs 52.0/52.1/57.2/52.9
+    (24576, 4096, 16): (32, 128, 1, 4, 3),
+}
+DEFAULT = (32, 128, 1, 4, 3)  # shapes not measured, when called directly
+
+
+def m_bucket(m: int) -> int:
+    """BLOCK_M for M rows, the last key of ``CONFIGS``: 16, 32 or 64."""
+    return max(16, triton.next_power_of_2(m))
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int, int, int] | None = None,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` for at most 64 rows of x; with ``silu_mul``, the SwiGLU
+    activation of that product (no bias) (layout, rounding: module doc)."""
+    m, k = x.shape
+    rows = weight.shape[0]
+    assert 1 <= m <= MAX_M, f"skinny_gemm takes 1 to {MAX_M} rows of x, got {m}"
+    assert weight.shape[1] == k and weight.dtype == x.dtype
+    assert x.stride(1) == 1 and weight.is_contiguous()
+    assert not silu_mul or (bias is None and rows % 2 == 0)
+    n = rows // 2 if silu_mul else rows
+    block_m = m_bucket(m)
+    configs = SILU_MUL_CONFIGS if silu_mul else CONFIGS
+    block_n, block_k, split_k, num_warps, num_stages = config or configs.get(
+        (rows, k, block_m), DEFAULT
+    )
+    k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = y
+    if split_k > 1:
+        out = torch.empty((split_k, m, rows), dtype=torch.float32, device=x.device)
+    flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PRECISE=precise_math.PRECISE_MATH)
+    bias_arg = bias if bias is not None else weight
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n), split_k)](
+        x, weight, bias_arg, out, m, n, k, x.stride(0), out.stride(-2), k_per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIAL=split_k > 1, **flags,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if split_k > 1:
+        _split_k_sum_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
+            out, bias_arg, y, m, n, split_k, y.stride(0), BLOCK=SUM_BLOCK, **flags
+        )
+    return y
