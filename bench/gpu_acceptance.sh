@@ -6,7 +6,8 @@
 #   tests     tests/gpu and the gpu-marked kernel tests (separate processes: an engine
 #             test leaves no state behind, but a failing one should not hide the others)
 #   profile   decode-step profiles (batch 1, 64, 256), served decode steps traced (batch 1,
-#             64), the batch-1 GEMV against cuBLAS and its SwiGLU epilogue
+#             64), the batch-1 GEMV against cuBLAS with its SwiGLU and RoPE/KV epilogues, the
+#             skinny GEMM (2-64 rows) against cuBLAS, plain and with its SwiGLU epilogue
 #   llama     the full fixed-1k sweep on the Llama-3.1-8B shape
 #   qwen3     the full fixed-1k sweep on the Qwen3-8B shape
 #   peer      HF generate_batch in the same run (c=64, 64 x 1024/1024)
@@ -34,6 +35,9 @@ profile)
     python3 bench/serving_trace.py --batch 64 --out "$out/serving-trace-b64.json"
     python3 kernels/bench_gemv.py --json "$out/gemv.json"
     python3 kernels/bench_gemv.py --silu-mul --json "$out/gemv-silu-mul.json"
+    python3 kernels/bench_gemv.py --rope-kv --json "$out/gemv-rope-kv.json"
+    python3 kernels/bench_skinny_gemm.py --json "$out/skinny-gemm.json"
+    python3 kernels/bench_skinny_gemm.py --silu-mul --json "$out/skinny-gemm-silu-mul.json"
     ;;
 llama | qwen3)
     python3 -m tokenspeed_aio bench fixed-1k --shape "$stage-8b" --out "$out/fixed-1k-$stage-8b.json"
