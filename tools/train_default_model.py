@@ -24,21 +24,19 @@ from pathlib import Path
 import jinja2
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
+
+from tokenspeed_aio.chat_tokens import (
+    CHAT_TEMPLATE,
+    END_TOKEN,
+    EOS_TOKEN,
+    SPECIAL_TOKENS,
+    train_byte_level_bpe,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "src" / "tokenspeed_aio" / "default_model"
 
-# Same tokens, order and template as tests/helpers/checkpoints.py, so both kinds of checkpoint
-# exercise the engine identically.
-EOS, END = "<|endoftext|>", "<|end|>"
-SPECIAL_TOKENS = [EOS, END, "<|user|>", "<|assistant|>", "<|system|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 MODEL = dict(
     hidden_size=256,
     intermediate_size=704,
@@ -173,22 +171,12 @@ def epoch_documents(rng: random.Random) -> list[str]:
 
 
 def train_tokenizer(vocab_size: int) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(topic_texts() + [d for _, d in builtin_docs()], trainer=trainer)
-    return tok
+    return train_byte_level_bpe(topic_texts() + [d for _, d in builtin_docs()], vocab_size)
 
 
 def batches(tok: Tokenizer, seed: int, batch: int, seq_len: int):
     """Endless (batch, seq_len) tensors of packed epochs, each epoch reshuffled and rephrased."""
-    eos = tok.token_to_id(EOS)
+    eos = tok.token_to_id(EOS_TOKEN)
     for epoch in range(10**9):
         ids: list[int] = []
         for enc in tok.encode_batch(epoch_documents(random.Random(seed * 1000 + epoch))):
@@ -256,20 +244,24 @@ def write_tokenizer_files(out: Path, tok: Tokenizer) -> None:
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
-        "eos_token": EOS,
-        "pad_token": EOS,
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
         "additional_special_tokens": SPECIAL_TOKENS[1:],
         "chat_template": CHAT_TEMPLATE,
         "model_max_length": MODEL["max_position_embeddings"],
         "clean_up_tokenization_spaces": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    special = {"eos_token": EOS, "pad_token": EOS, "additional_special_tokens": SPECIAL_TOKENS[1:]}
+    special = {
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "additional_special_tokens": SPECIAL_TOKENS[1:],
+    }
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
 def write_model_files(out: Path, model, tok: Tokenizer) -> None:
-    eos, end = tok.token_to_id(EOS), tok.token_to_id(END)
+    eos, end = tok.token_to_id(EOS_TOKEN), tok.token_to_id(END_TOKEN)
     model.to("cpu", torch.bfloat16).save_pretrained(out, safe_serialization=True)
     # Older transformers (and other readers) look for torch_dtype / rope_theta at top level.
     config = json.loads((out / "config.json").read_text())
@@ -350,8 +342,8 @@ def main() -> None:
     config = transformers.LlamaConfig(
         vocab_size=tok.get_vocab_size(),
         bos_token_id=None,
-        eos_token_id=tok.token_to_id(EOS),
-        pad_token_id=tok.token_to_id(EOS),
+        eos_token_id=tok.token_to_id(EOS_TOKEN),
+        pad_token_id=tok.token_to_id(EOS_TOKEN),
         **MODEL,
     )
     model = transformers.LlamaForCausalLM(config).to(args.device)

@@ -14,14 +14,8 @@ import functools
 import json
 from pathlib import Path
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
-EOS_TOKEN = "<|endoftext|>"
+from tokenspeed_aio.chat_tokens import CHAT_TEMPLATE, EOS_TOKEN, train_byte_level_bpe
+
 ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 
 TINY = dict(
@@ -45,19 +39,7 @@ def corpus() -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer_json(vocab_size: int) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(), trainer=trainer)
-    return tok.to_str()
+    return train_byte_level_bpe(corpus(), vocab_size).to_str()
 
 
 def write_tokenizer(path: Path, vocab_size: int = 512) -> None:
