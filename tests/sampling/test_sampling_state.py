@@ -87,7 +87,7 @@ def test_plain_greedy_is_the_samplers_argmax_only_case(make_state, slots, steps,
         SamplingParams(temperature=0.0, min_tokens=2),
     ]
     state = make_state(params, VOCAB)
-    assert state.plain_greedy(slots, steps) is plain
+    assert state.host_rows(slots, steps).plain_greedy is plain
     # The same decision the sampler takes from prepare's flags for its stage 0.
     b = state.prepare(slots, steps)
     stage0 = b.all_greedy and b.max_num_logprobs < 0

@@ -212,9 +212,10 @@ class ModelRunner:
             return Landing(tokens=torch.empty(0, dtype=torch.int64))
         slots, steps = [r.slot for r in rows], [r.output_index for r in rows]
         mask = fill_token_bitmask(rows, self.sampling.vocab_size, self.device)
-        if argmax is not None and mask is None and self.sampling.plain_greedy(slots, steps):
+        host = self.sampling.host_rows(slots, steps)
+        if argmax is not None and mask is None and host.plain_greedy:
             return Landing(tokens=to_host(argmax))
-        batch = self.sampling.prepare(slots, steps)
+        batch = self.sampling.prepare_rows(host)
         out = self.sampler(logits, batch, mask)
         self.sampling.record(batch, out.tokens)
         self.last_sampled.index_copy_(0, batch.slots, out.tokens)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -58,6 +59,31 @@ def _has_penalty(params: SamplingParams) -> bool:
         or params.frequency_penalty != 0.0
         or params.presence_penalty != 0.0
     )
+
+
+class HostRows(NamedTuple):
+    """The host mirrors' settings of a round's sampling rows, and the masks the sampler's
+    stages are chosen by."""
+
+    rows: np.ndarray  # [B] slots
+    steps: np.ndarray  # [B] output indices
+    f32: np.ndarray  # [B, float columns]
+    i64: np.ndarray  # [B, int columns]
+    greedy: np.ndarray  # [B] bool
+    penalized: np.ndarray
+    banning: np.ndarray  # below min_tokens with ids to ban
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row's token is the plain argmax of its logits (the sampler's stage 0:
+        greedy, no penalties, no min_tokens ban, no logprobs): a caller that already has
+        that argmax needs no ``prepare``."""
+        return bool(
+            self.greedy.all()
+            and not self.penalized.any()
+            and not self.banning.any()
+            and self.i64[:, _NUM_LOGPROBS].max(initial=-1) < 0
+        )
 
 
 class SamplingState:
@@ -132,15 +158,32 @@ class SamplingState:
         else:
             self._penalty_rows.pop(slot, None)
 
-    def prepare(self, slots: Sequence[int], output_indices: Sequence[int]) -> SamplingBatch:
-        """Settings of the rows that sample this round, in row order.
+    def host_rows(self, slots: Sequence[int], output_indices: Sequence[int]) -> HostRows:
+        """The host settings of the rows that sample this round, in row order.
 
         ``output_indices[i]`` is how many output tokens row i's request already has.
         """
-        self._flush()
-        rows, steps, host_f, host_i, greedy, penalized, banning = self._host_rows(
-            slots, output_indices
+        rows = np.asarray(slots, np.int64)
+        steps = np.asarray(output_indices, np.int64)
+        host_f, host_i = self._host_f32[rows], self._host_i64[rows]
+        penalized = (
+            (host_f[:, _REPETITION] != 1.0)
+            | (host_f[:, _FREQUENCY] != 0.0)
+            | (host_f[:, _PRESENCE] != 0.0)
         )
+        banning = (steps < host_i[:, _MIN_TOKENS]) & (host_i[:, _BANNED] >= 0)
+        greedy = host_f[:, _TEMPERATURE] == 0.0
+        return HostRows(rows, steps, host_f, host_i, greedy, penalized, banning)
+
+    def prepare(self, slots: Sequence[int], output_indices: Sequence[int]) -> SamplingBatch:
+        """Settings of the rows that sample this round, in row order (``host_rows``'s
+        arguments)."""
+        return self.prepare_rows(self.host_rows(slots, output_indices))
+
+    def prepare_rows(self, host: HostRows) -> SamplingBatch:
+        """``prepare`` from the rows' host settings a caller already read."""
+        self._flush()
+        rows, steps, host_f, host_i, greedy, penalized, banning = host
         sampled = ~greedy
         top_k_rows = host_i[sampled, _TOP_K] < self.vocab_size
         any_penalties = bool(penalized.any())
@@ -177,32 +220,6 @@ class SamplingState:
             any_min_tokens_ban=bool(banning.any()),
             max_num_logprobs=int(host_i[:, _NUM_LOGPROBS].max(initial=-1)),
         )
-
-    def plain_greedy(self, slots: Sequence[int], output_indices: Sequence[int]) -> bool:
-        """Whether every row's token is the plain argmax of its logits (the sampler's stage
-        0: greedy, no penalties, no min_tokens ban, no logprobs), from the host mirrors
-        alone: a caller that already has that argmax needs no ``prepare``."""
-        _, _, _, host_i, greedy, penalized, banning = self._host_rows(slots, output_indices)
-        return bool(
-            greedy.all()
-            and not penalized.any()
-            and not banning.any()
-            and host_i[:, _NUM_LOGPROBS].max(initial=-1) < 0
-        )
-
-    def _host_rows(self, slots: Sequence[int], output_indices: Sequence[int]):
-        """The rows' host settings and the per-row masks both entry points decide on."""
-        rows = np.asarray(slots, np.int64)
-        steps = np.asarray(output_indices, np.int64)
-        host_f, host_i = self._host_f32[rows], self._host_i64[rows]
-        greedy = host_f[:, _TEMPERATURE] == 0.0
-        penalized = (
-            (host_f[:, _REPETITION] != 1.0)
-            | (host_f[:, _FREQUENCY] != 0.0)
-            | (host_f[:, _PRESENCE] != 0.0)
-        )
-        banning = (steps < host_i[:, _MIN_TOKENS]) & (host_i[:, _BANNED] >= 0)
-        return rows, steps, host_f, host_i, greedy, penalized, banning
 
     def record(self, batch: SamplingBatch, sampled_tokens: torch.Tensor) -> None:
         """Count this round's sampled tokens for the penalized rows (device ops only)."""
