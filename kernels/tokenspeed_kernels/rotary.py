@@ -20,6 +20,19 @@ One program per token rotates all its q and k heads.
 ``apply_rotary(..., kv_store=(v, k_cache, v_cache, slot_mapping))`` also writes the token's
 rotated k and its v into the paged KV cache (``kv_write``'s layout and slot rules), so a
 layer's RoPE and cache write are one launch; it needs ``rotary_dim == head_dim``.
+
+``apply_rotary(..., qk_norm=(q_weight, k_weight, eps))`` first RMS-normalizes every q and k
+head over head_dim (Qwen3's q_norm/k_norm), so the norms, RoPE and cache write are one launch;
+it needs ``rotary_dim == head_dim``. Each normed head rounds as ``rmsnorm.rms_norm`` rounds it
+(``round(w * round(x * rsqrt(mean(x**2) + eps)))``, round to q's/k's dtype, the rest fp32) and
+then rotates as above, so the result is bitwise that of ``rms_norm`` on each head followed by
+``apply_rotary``, provided the sum of squares adds in the same order. Under Triton's
+interpreter it does: that sum is taken over the head as one [heads, head_dim] row tile, as
+``rms_norm`` takes it over its row (one extra load of lines the program reads anyway; the two
+halves' partial sums would add in another order). On a GPU the reduction tree follows each
+kernel's register layout, and ``rms_norm`` may contract its squares into FMAs while this kernel
+never does, so there the two can differ by an fp32 ulp of the mean square (rarely one ulp of
+the stored value).
 """
 
 from __future__ import annotations
@@ -30,16 +43,44 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(
-    X, token, stride_t, stride_h, cos, sin, offs,
-    NUM_HEADS: tl.constexpr, BLOCK_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+def _rms_norm_heads(
+    rows, x1, x2, W, eps, head_dim, head_mask, offs,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):  # fmt: skip
-    """Rotate the heads of one token in place; return the rotated halves."""
+    """The halves x1, x2 (fp32) of heads starting at ``rows``, RMS-normed over the head as
+    ``rmsnorm._rms_norm_kernel`` rounds a row (module doc), back in fp32."""
+    dtype = rows.dtype.element_ty
+    # The whole head as one row, so the squares add in rms_norm's order (module doc).
+    # NOTE: h's elements may sit in other threads than x1's and x2's, which the caller then
+    # overwrites in place; safe, as every store waits on its head's rstd, i.e. on all of h's row.
+    cols = tl.arange(0, 2 * BLOCK_HALF)
+    mask = head_mask[:, None] & (cols < 2 * HALF)[None, :]
+    h = tl.load(rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(h * h, 1) / head_dim + eps)[:, None]
+    w1 = tl.load(W + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(W + HALF + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+    n1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    n2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    return n1, n2
+
+
+@triton.jit
+def _rotate_heads(
+    X, token, stride_t, stride_h, cos, sin, offs, W, eps, head_dim,
+    NUM_HEADS: tl.constexpr, BLOCK_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):  # fmt: skip
+    """Rotate the heads of one token in place (RMS-normed by W first when QK_NORM); return
+    the rotated halves."""
     heads = tl.arange(0, BLOCK_HEADS)
-    mask = (heads < NUM_HEADS)[:, None] & (offs < HALF)[None, :]
-    ptr1 = X + token.to(tl.int64) * stride_t + heads[:, None] * stride_h + offs[None, :]
+    head_mask = heads < NUM_HEADS
+    mask = head_mask[:, None] & (offs < HALF)[None, :]
+    rows = X + token.to(tl.int64) * stride_t + heads[:, None] * stride_h
+    ptr1 = rows + offs[None, :]
     x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        x1, x2 = _rms_norm_heads(rows, x1, x2, W, eps, head_dim, head_mask, offs, HALF, BLOCK_HALF)
     o1 = (x1 * cos - x2 * sin).to(X.dtype.element_ty)
     o2 = (x2 * cos + x1 * sin).to(X.dtype.element_ty)
     tl.store(ptr1, o1, mask=mask)
@@ -64,6 +105,10 @@ def _rotary_kernel(
     Slot_mapping,
     stride_vt,
     stride_slot,  # of both caches: one token's [num_kv_heads, head_dim] values
+    Q_weight,
+    K_weight,
+    eps,
+    head_dim,  # a runtime int, as rms_norm's ``hidden``: the same division
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_QH: tl.constexpr,
@@ -71,6 +116,7 @@ def _rotary_kernel(
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     STORE_KV: tl.constexpr,
+    QK_NORM: tl.constexpr,
 ):
     token = tl.program_id(0)
     pos = tl.load(Positions + token).to(tl.int64)
@@ -79,11 +125,13 @@ def _rotary_kernel(
     cos = tl.load(Cos_sin + pos * stride_cs + offs, mask=cs_mask, other=0.0)[None, :]
     sin = tl.load(Cos_sin + pos * stride_cs + HALF + offs, mask=cs_mask, other=0.0)[None, :]
     _rotate_heads(
-        Q, token, stride_qt, stride_qh, cos, sin, offs, NUM_Q_HEADS, BLOCK_QH, HALF, BLOCK_HALF
-    )
+        Q, token, stride_qt, stride_qh, cos, sin, offs, Q_weight, eps, head_dim,
+        NUM_Q_HEADS, BLOCK_QH, HALF, BLOCK_HALF, QK_NORM,
+    )  # fmt: skip
     k1, k2 = _rotate_heads(
-        K, token, stride_kt, stride_kh, cos, sin, offs, NUM_KV_HEADS, BLOCK_KH, HALF, BLOCK_HALF
-    )
+        K, token, stride_kt, stride_kh, cos, sin, offs, K_weight, eps, head_dim,
+        NUM_KV_HEADS, BLOCK_KH, HALF, BLOCK_HALF, QK_NORM,
+    )  # fmt: skip
     if STORE_KV:
         slot = tl.load(Slot_mapping + token)
         # Heads of a cache slot are back to back: head h's values start at h * 2 * HALF.
@@ -107,9 +155,11 @@ def apply_rotary(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> None:
     """Rotate q and k in place by their tokens' positions; with ``kv_store`` = (v, k_cache,
-    v_cache, slot_mapping), also store k and v in the cache (layout: module doc)."""
+    v_cache, slot_mapping), also store k and v in the cache; with ``qk_norm`` = (q_weight,
+    k_weight, eps), weights [head_dim], RMS-norm each q and k head first (module doc)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     rotary_dim = cos_sin_cache.shape[1]
@@ -129,14 +179,23 @@ def apply_rotary(
             assert cache.stride(1) == row and cache.stride(2) == head_dim and cache.stride(3) == 1
             assert cache.stride(0) == cache.shape[1] * row, "blocks packed back to back"
         stride_vt, stride_slot = v.stride(0), row
+    if qk_norm is None:
+        q_weight, k_weight, eps = q, k, 0.0
+    else:
+        q_weight, k_weight, eps = qk_norm
+        assert rotary_dim == head_dim, "the fused qk-norm normalizes whole heads"
+        for w in (q_weight, k_weight):
+            assert w.shape == (head_dim,) and w.is_contiguous()
     _rotary_kernel[(num_tokens,)](
         q, k, positions, cos_sin_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
         v, k_cache, v_cache, slot_mapping, stride_vt, stride_slot,
+        q_weight, k_weight, eps, head_dim,
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads,
         BLOCK_QH=triton.next_power_of_2(num_q_heads),
         BLOCK_KH=triton.next_power_of_2(num_kv_heads),
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=kv_store is not None,
+        QK_NORM=qk_norm is not None,
         num_warps=4,
         enable_fp_fusion=False,  # no FMA: x1*cos - x2*sin rounds as torch's separate ops
     )  # fmt: skip
