@@ -4,9 +4,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 # tests/helpers is importable as `helpers` from every test module.
 sys.path.insert(0, str(Path(__file__).parent))
+# Without CUDA the Triton kernels run under the interpreter, which must be chosen before
+# triton.language is imported (its tl.sum, tl.max, ... are @triton.jit functions): importing
+# transformers' Qwen3 module imports it through torch._dynamo, before tokenspeed_kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from kernel_testing import forward_context, gpu_test, make_paged_batch
+from kernel_testing import DEVICE, forward_context, gpu_test, make_paged_batch
 
 from tokenspeed_aio.model.attention.torch_backend import TorchAttentionBackend
 from tokenspeed_aio.model.attention.triton_backend import TritonAttentionBackend
@@ -8,7 +8,7 @@ from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
 
 
 def _compare(contexts, query_lens, *, pad, dtype=torch.float32, heads=(4, 2), head_dim=64,
-             page_size=16, tol=1e-4, max_model_len=4096, rope=False):  # fmt: skip
+             page_size=16, tol=1e-4, max_model_len=4096, rope=False, qk_norm=None):  # fmt: skip
     batch = make_paged_batch(contexts, query_lens, num_q_heads=heads[0], num_kv_heads=heads[1],
                              head_dim=head_dim, page_size=page_size, dtype=dtype, pad=pad)  # fmt: skip
     n = batch.q.shape[0]
@@ -20,11 +20,15 @@ def _compare(contexts, query_lens, *, pad, dtype=torch.float32, heads=(4, 2), he
         # Fresh q/k each time: the Triton backend rotates them in place.
         q, k, v = (t.reshape(n, -1).clone() for t in (batch.q, batch.k_new, batch.v_new))
         ctx = forward_context(batch, backend, contexts, query_lens)
-        outs.append(backend.forward(q, k, v, 1, ctx, (rotary, positions) if rope else None))
+        rope_arg = (rotary, positions) if rope else None
+        outs.append(backend.forward(q, k, v, 1, ctx, rope_arg, qk_norm))
         caches.append(ctx.k_caches[1])
         assert torch.equal(ctx.k_caches[0], batch.k_cache), "another layer's cache was touched"
     assert outs[0].shape == (n, heads[0] * head_dim)
-    assert torch.equal(caches[0], caches[1])
+    if qk_norm is None or not rope:
+        assert torch.equal(caches[0], caches[1])
+    else:  # the fused norm rounds as the rms_norm kernel, the torch backend's as torch's ops
+        torch.testing.assert_close(caches[0], caches[1], rtol=tol, atol=tol)
     real = sum(query_lens)
     torch.testing.assert_close(outs[0][:real], outs[1][:real], rtol=tol, atol=tol)
     assert torch.equal(outs[0][real:], torch.zeros_like(outs[0][real:])), "padding must be 0"
@@ -44,6 +48,49 @@ def test_triton_backend_rope_fused_with_the_cache_write_matches_torch_backend(qu
     # RoPE and the cache write in one launch; the cached keys must equal the torch
     # backend's rotate-then-store bit for bit (checked in _compare), padding writes nothing.
     _compare([5, 0, 33], query_lens, pad=True, rope=True)
+
+
+def _qk_norms(head_dim, device, eps=1e-5):
+    from tokenspeed_aio.model.layers.norm import RMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    norms = (RMSNorm(head_dim, eps), RMSNorm(head_dim, eps))
+    for norm in norms:
+        norm.weight.data = 1 + 0.3 * torch.randn(head_dim, generator=gen)
+    return tuple(norm.to(device) for norm in norms)
+
+
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 20, 7]])
+def test_triton_backend_qk_norm_in_the_rope_launch_equals_rms_norm_then_forward(query_lens):
+    # Qwen3: the backend norms each q and k head in its one RoPE + cache-write launch; that
+    # equals the heads normed by the rms_norm kernel, then the forward without norms.
+    from tokenspeed_kernels.rmsnorm import rms_norm
+
+    contexts = [5, 0, 33]
+    batch = make_paged_batch(contexts, query_lens, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                             page_size=16, dtype=torch.float32, pad=True)  # fmt: skip
+    n = batch.q.shape[0]
+    positions = [c + j for c, ql in zip(contexts, query_lens) for j in range(ql)] + [0]
+    rope = (RotaryEmbedding(64, 4096, 10000.0).to(DEVICE), torch.tensor(positions, device=DEVICE))
+    q_norm, k_norm = _qk_norms(64, DEVICE)
+    backend = TritonAttentionBackend(max_model_len=4096)
+    q, k, v = (t.reshape(n, -1).clone() for t in (batch.q, batch.k_new, batch.v_new))
+    ctx = forward_context(batch, backend, contexts, query_lens)
+    out = backend.forward(q, k, v, 1, ctx, rope, (q_norm, k_norm))
+
+    qn = rms_norm(batch.q, q_norm.weight, q_norm.eps).flatten(1)
+    kn = rms_norm(batch.k_new, k_norm.weight, k_norm.eps).flatten(1)
+    ref_ctx = forward_context(batch, backend, contexts, query_lens)
+    want = backend.forward(qn, kn, v, 1, ref_ctx, rope)
+    assert torch.equal(out, want)
+    assert torch.equal(ctx.k_caches[1], ref_ctx.k_caches[1])
+    assert torch.equal(ctx.v_caches[1], ref_ctx.v_caches[1])
+
+
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "no_rope"])
+def test_triton_backend_with_qk_norm_matches_torch_backend(rope):
+    # With rope: the fused launch; without: the norm layers, then the cache write.
+    _compare([5, 0, 33], [1, 20, 7], pad=True, rope=rope, qk_norm=_qk_norms(64, DEVICE))
 
 
 @gpu_test

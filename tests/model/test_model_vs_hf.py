@@ -86,3 +86,19 @@ def test_half_precision_load_gives_finite_logits(checkpoint, arch, dtype):
     assert torch.isfinite(logits).all()
     logits = runner.forward([(i, [1]) for i in range(len(seqs))])
     assert torch.isfinite(logits).all()
+
+
+def test_qwen3_on_the_triton_backend_matches_the_torch_backend(checkpoint):
+    # The triton backend norms q/k per head inside its RoPE + cache-write launch (Triton's
+    # interpreter on CPU); the torch backend runs the norm layers, then RoPE.
+    from tokenspeed_aio.model.attention.registry import create_backend
+
+    config, model = _load(checkpoint("qwen3"))
+    prompts = _prompts(config.vocab_size)[:2]
+    logits = []
+    for backend in ("torch", "triton"):
+        runner = PagedRunner(model, config)
+        runner.backend = create_backend(backend, max_model_len=128)
+        prefill = runner.forward(list(enumerate(prompts)))
+        logits.append(torch.cat([prefill, runner.forward([(0, [5]), (1, [9])])]))
+    torch.testing.assert_close(logits[1], logits[0], atol=ATOL, rtol=0)

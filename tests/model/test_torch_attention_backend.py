@@ -75,6 +75,48 @@ def test_rows_attend_causally_over_cached_prefix_and_padding_writes_nothing():
         torch.testing.assert_close(out[s : s + n], want, atol=1e-5, rtol=1e-5)
 
 
+def test_qk_norm_norms_each_head_before_rope_and_the_cache_write():
+    from tokenspeed_aio.model.layers.norm import RMSNorm
+    from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(1)
+    n, tables = 6, [[3, 5]]
+    attn = AttentionMetadata(
+        num_tokens=n,
+        num_rows=1,
+        max_query_len=n,
+        max_seq_len=n,
+        is_decode_only=False,
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        context_lens=torch.tensor([0], dtype=torch.int32),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        slot_mapping=torch.tensor([tables[0][p // PAGE] * PAGE + p % PAGE for p in range(n)]),
+        query_lens_host=(n,),
+        seq_lens_host=(n,),
+    )
+    rope = (RotaryEmbedding(D, 64, 10000.0), torch.arange(n))
+    q_norm, k_norm = RMSNorm(D, 1e-6), RMSNorm(D, 1e-6)
+    for norm in (q_norm, k_norm):
+        norm.weight.data = 1 + 0.3 * torch.randn(D, generator=gen)
+    q = 3 * torch.randn(n, HQ * D, generator=gen)
+    k, v = 3 * torch.randn(n, HKV * D, generator=gen), torch.randn(n, HKV * D, generator=gen)
+    backend = create_backend("torch")
+    ctx = ForwardContext(
+        attn, backend, *allocate_kv_cache(1, 8, PAGE, HKV, D, torch.float32, "cpu")
+    )
+    out = backend.forward(q, k, v, 0, ctx, rope, (q_norm, k_norm))
+
+    normed_q = q_norm(q.view(n, HQ, D)).flatten(1)
+    normed_k = k_norm(k.view(n, HKV, D)).flatten(1)
+    ref = ForwardContext(
+        attn, backend, *allocate_kv_cache(1, 8, PAGE, HKV, D, torch.float32, "cpu")
+    )
+    assert torch.equal(out, backend.forward(normed_q, normed_k, v, 0, ref, rope))
+    assert torch.equal(ctx.k_caches[0], ref.k_caches[0])
+    assert torch.equal(ctx.v_caches[0], ref.v_caches[0])
+
+
 def test_backends_ignore_construction_hints_they_do_not_need():
     backend = create_backend("torch", max_model_len=4096)
     assert backend.name == "torch" and not backend.supports_cuda_graphs

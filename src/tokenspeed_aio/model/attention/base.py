@@ -4,6 +4,7 @@ A backend owns two things for one layer of one forward: writing the forward's ne
 into the paged cache, and attending each row's new queries over its cached positions.
 
     for each row i (tokens query_start_loc[i] : query_start_loc[i+1]):
+        RMS-norm each q and k head of token t over head_dim (when the layer passes a QKNorm)
         rotate q and k of token t by RoPE at its position  (when the layer passes a Rope)
         write k/v of token t at slot_mapping[t]            (skip slot -1: padding)
         query j of row i sits at position context_lens[i] + j and attends causally to
@@ -21,10 +22,13 @@ if TYPE_CHECKING:
     import torch
 
     from tokenspeed_aio.model.forward_context import ForwardContext
+    from tokenspeed_aio.model.layers.norm import RMSNorm
     from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
 
     # The layer's rotary embedding and the forward's token positions.
     Rope = tuple[RotaryEmbedding, torch.Tensor]
+    # The layer's per-head norms of q and of k, each an RMSNorm over head_dim (Qwen3).
+    QKNorm = tuple[RMSNorm, RMSNorm]
 
 
 class AttentionBackend(ABC):
@@ -60,9 +64,11 @@ class AttentionBackend(ABC):
         layer_idx: int,
         ctx: ForwardContext,
         rope: Rope | None = None,
+        qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
         """Rotate q and k by ``rope`` if given, store k/v in layer ``layer_idx``'s cache,
-        then attend.
+        then attend. When ``qk_norm`` (two RMSNorm layers, q's and k's, over head_dim) is
+        given, q and k are normed per head first, then rotated (and k stored normed).
 
         q: [num_tokens, num_q_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
         (this rank's heads; GQA when num_q_heads > num_kv_heads). Each token's values are

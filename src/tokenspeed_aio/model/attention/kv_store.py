@@ -1,9 +1,10 @@
 """The KV-cache write the kernel backends share: RoPE on q/k, then k/v into the paged cache.
 
 ``store_layer_kv`` is the part of ``AttentionBackend.forward``'s contract before the
-attention itself (base.py): rotate q and k of every token by RoPE at its position (when the
-layer passes a Rope) and write k/v at ``slot_mapping`` (slot -1 writes nothing). When the
-rotary embedding covers whole heads, rotation and store are one Triton launch.
+attention itself (base.py): norm q and k per head (when the layer passes a QKNorm), rotate
+them by RoPE at each token's position (when it passes a Rope) and write k/v at
+``slot_mapping`` (slot -1 writes nothing). When the rotary embedding covers whole heads,
+norms, rotation and store are one Triton launch.
 
 ``StoredKVBackend`` is a backend whose forward is that store, then ``attend``; a caller that
 has already rotated q and stored k/v itself (the batch-1 qkv product with RoPE and the cache
@@ -23,7 +24,7 @@ from tokenspeed_aio.model.attention.base import AttentionBackend
 if TYPE_CHECKING:
     import torch
 
-    from tokenspeed_aio.model.attention.base import Rope
+    from tokenspeed_aio.model.attention.base import QKNorm, Rope
     from tokenspeed_aio.model.forward_context import ForwardContext
 
 
@@ -34,10 +35,11 @@ def store_layer_kv(
     layer_idx: int,
     ctx: ForwardContext,
     rope: Rope | None,
+    qk_norm: QKNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rotate and store one layer's new k/v (q/k/v as ``AttentionBackend.forward`` takes
-    them; q and k are rotated in place). Returns q as [T, Hq, D] and the layer's k and v
-    caches."""
+    """Norm, rotate and store one layer's new k/v (q/k/v as ``AttentionBackend.forward``
+    takes them; q and k are normed and rotated in place). Returns q as [T, Hq, D] and the
+    layer's k and v caches."""
     k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     n = q.shape[0]
@@ -45,13 +47,23 @@ def store_layer_kv(
     k3 = k.view(n, num_kv_heads, head_dim)
     v3 = v.view(n, num_kv_heads, head_dim)
     slot_mapping = ctx.attn.slot_mapping
+    whole_heads = rope is not None and rope[0].cos_sin_cache.shape[1] == head_dim
+    fused_norm = None
+    if qk_norm is not None:
+        q_norm, k_norm = qk_norm
+        if whole_heads and q_norm.eps == k_norm.eps:
+            fused_norm = (q_norm.weight, k_norm.weight, q_norm.eps)
+        else:  # no supported model gets here: the norm layers in place, then as without
+            q3.copy_(q_norm(q3))
+            k3.copy_(k_norm(k3))
     if rope is None:
         kv_write(k3, v3, k_cache, v_cache, slot_mapping)
         return q3, k_cache, v_cache
     rotary_emb, positions = rope
     cos_sin = rotary_emb.cos_sin_cache
-    if cos_sin.shape[1] == k3.shape[-1]:  # whole heads rotate: one launch
-        apply_rotary(q3, k3, positions, cos_sin, (v3, k_cache, v_cache, slot_mapping))
+    if whole_heads:  # one launch
+        kv_store = (v3, k_cache, v_cache, slot_mapping)
+        apply_rotary(q3, k3, positions, cos_sin, kv_store, fused_norm)
     else:
         apply_rotary(q3, k3, positions, cos_sin)
         kv_write(k3, v3, k_cache, v_cache, slot_mapping)
@@ -69,8 +81,9 @@ class StoredKVBackend(AttentionBackend):
         layer_idx: int,
         ctx: ForwardContext,
         rope: Rope | None = None,
+        qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
-        store_layer_kv(q, k, v, layer_idx, ctx, rope)
+        store_layer_kv(q, k, v, layer_idx, ctx, rope, qk_norm)
         return self.attend(q, layer_idx, ctx)
 
     @abstractmethod

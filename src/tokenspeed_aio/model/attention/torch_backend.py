@@ -17,7 +17,7 @@ from tokenspeed_aio.model.attention.base import AttentionBackend
 from tokenspeed_aio.model.forward_context import ForwardContext
 
 if TYPE_CHECKING:
-    from tokenspeed_aio.model.attention.base import Rope
+    from tokenspeed_aio.model.attention.base import QKNorm, Rope
 
 
 def store_kv(
@@ -50,14 +50,19 @@ class TorchAttentionBackend(AttentionBackend):
         layer_idx: int,
         ctx: ForwardContext,
         rope: Rope | None = None,
+        qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
-        if rope is not None:
-            rotary_emb, positions = rope
-            q, k = rotary_emb(positions, q, k)
         attn = ctx.attn
         k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
         page_size, num_kv_heads, head_dim = k_cache.shape[1:]
         num_tokens = q.shape[0]
+        if qk_norm is not None:
+            q_norm, k_norm = qk_norm
+            q = q_norm(q.view(num_tokens, -1, head_dim)).flatten(1)
+            k = k_norm(k.view(num_tokens, num_kv_heads, head_dim)).flatten(1)
+        if rope is not None:
+            rotary_emb, positions = rope
+            q, k = rotary_emb(positions, q, k)
         store_kv(
             k.reshape(num_tokens, num_kv_heads, head_dim),
             v.reshape(num_tokens, num_kv_heads, head_dim),

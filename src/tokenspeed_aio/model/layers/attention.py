@@ -1,9 +1,9 @@
 """The attention layer: hands this layer's q/k/v to the forward's attention backend.
 
-Projections and q/k norms live in the model's attention block; RoPE is applied by the
-backend (model/attention/) with the cache write, which a kernel backend fuses into one
-launch (or, at batch 1, the qkv product's epilogue, and the layer calls ``attend``); the
-attention math lives there too. The backend is chosen at startup and passed in
+Projections live in the model's attention block; the q/k norms (Qwen3) and RoPE are applied
+by the backend (model/attention/) with the cache write, which a kernel backend fuses into one
+launch (or, at batch 1 without q/k norms, the qkv product's epilogue, and the layer calls
+``attend``); the attention math lives there too. The backend is chosen at startup and passed in
 ``ctx`` so a layer never looks it up globally.
 """
 
@@ -16,7 +16,7 @@ from torch import nn
 if TYPE_CHECKING:
     import torch
 
-    from tokenspeed_aio.model.attention.base import Rope
+    from tokenspeed_aio.model.attention.base import QKNorm, Rope
     from tokenspeed_aio.model.forward_context import ForwardContext
 
 
@@ -32,10 +32,11 @@ class Attention(nn.Module):
         v: torch.Tensor,
         ctx: ForwardContext,
         rope: Rope | None = None,
+        qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
-        """q [n, Hq * D], k/v [n, Hkv * D] (this rank's heads) -> [n, Hq * D]; ``rope``
-        rotates q and k first (the backend's contract)."""
-        return ctx.backend.forward(q, k, v, self.layer_idx, ctx, rope)
+        """q [n, Hq * D], k/v [n, Hkv * D] (this rank's heads) -> [n, Hq * D]; ``qk_norm``
+        norms q and k per head, then ``rope`` rotates them (the backend's contract)."""
+        return ctx.backend.forward(q, k, v, self.layer_idx, ctx, rope, qk_norm)
 
     def attend(self, q: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The attention alone, for a q already rotated whose k/v the caller already wrote

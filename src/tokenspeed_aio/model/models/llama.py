@@ -30,7 +30,6 @@ from tokenspeed_aio.model.layers.weights import default_weight_loader
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             config.head_dim,
@@ -70,10 +69,9 @@ class LlamaAttention(nn.Module):
                 return self.o_proj(self.attn.attend(q, ctx)), residual
         qkv, residual = self.qkv_proj.after_norm(norm, hidden_states, residual)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:
-            q = self.q_norm(q.unflatten(-1, (-1, self.head_dim))).flatten(-2)
-            k = self.k_norm(k.unflatten(-1, (-1, self.head_dim))).flatten(-2)
-        return self.o_proj(self.attn(q, k, v, ctx, rope=rope)), residual
+        # The backend norms q and k per head before RoPE (one launch with it on kernels).
+        qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
+        return self.o_proj(self.attn(q, k, v, ctx, rope=rope, qk_norm=qk_norm)), residual
 
 
 class LlamaDecoderLayer(nn.Module):
