@@ -15,7 +15,7 @@ The first ``rotary_dim`` dims of each head rotate by halves (the rest pass throu
 Each product and the sum round separately in fp32 (no FMA contraction), as torch computes
 them, so fp32 results equal HF's bit for bit. Scaled variants (llama3, linear, ...) only change
 the cache, which the model builds (``tokenspeed_aio.model.layers.rotary.build_cos_sin_cache``).
-One program per token rotates all its q and k heads.
+A program rotates one kv head of one token and the q heads that share it (GQA's group).
 
 ``apply_rotary(..., kv_store=(v, k_cache, v_cache, slot_mapping))`` also writes the token's
 rotated k and its v into the paged KV cache (``kv_write``'s layout and slot rules), so a
@@ -66,14 +66,14 @@ def _rms_norm_heads(
 
 @triton.jit
 def _rotate_heads(
-    X, token, stride_t, stride_h, cos, sin, offs, W, eps, head_dim,
+    X, token, head0, stride_t, stride_h, cos, sin, offs, W, eps, head_dim,
     NUM_HEADS: tl.constexpr, BLOCK_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     QK_NORM: tl.constexpr,
 ):  # fmt: skip
-    """Rotate the heads of one token in place (RMS-normed by W first when QK_NORM); return
-    the rotated halves."""
-    heads = tl.arange(0, BLOCK_HEADS)
-    head_mask = heads < NUM_HEADS
+    """Rotate heads [head0, head0 + NUM_HEADS) of one token in place (RMS-normed by W first
+    when QK_NORM); return the rotated halves."""
+    head_mask = tl.arange(0, BLOCK_HEADS) < NUM_HEADS
+    heads = head0 + tl.arange(0, BLOCK_HEADS)
     mask = head_mask[:, None] & (offs < HALF)[None, :]
     rows = X + token.to(tl.int64) * stride_t + heads[:, None] * stride_h
     ptr1 = rows + offs[None, :]
@@ -109,36 +109,34 @@ def _rotary_kernel(
     K_weight,
     eps,
     head_dim,  # a runtime int, as rms_norm's ``hidden``: the same division
-    NUM_Q_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,  # q heads per kv head
     BLOCK_QH: tl.constexpr,
-    BLOCK_KH: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     STORE_KV: tl.constexpr,
     QK_NORM: tl.constexpr,
 ):
     token = tl.program_id(0)
+    kv_head = tl.program_id(1)  # with its GROUP q heads
     pos = tl.load(Positions + token).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)
     cs_mask = offs < HALF
     cos = tl.load(Cos_sin + pos * stride_cs + offs, mask=cs_mask, other=0.0)[None, :]
     sin = tl.load(Cos_sin + pos * stride_cs + HALF + offs, mask=cs_mask, other=0.0)[None, :]
     _rotate_heads(
-        Q, token, stride_qt, stride_qh, cos, sin, offs, Q_weight, eps, head_dim,
-        NUM_Q_HEADS, BLOCK_QH, HALF, BLOCK_HALF, QK_NORM,
+        Q, token, kv_head * GROUP, stride_qt, stride_qh, cos, sin, offs, Q_weight, eps, head_dim,
+        GROUP, BLOCK_QH, HALF, BLOCK_HALF, QK_NORM,
     )  # fmt: skip
     k1, k2 = _rotate_heads(
-        K, token, stride_kt, stride_kh, cos, sin, offs, K_weight, eps, head_dim,
-        NUM_KV_HEADS, BLOCK_KH, HALF, BLOCK_HALF, QK_NORM,
+        K, token, kv_head, stride_kt, stride_kh, cos, sin, offs, K_weight, eps, head_dim,
+        1, 1, HALF, BLOCK_HALF, QK_NORM,
     )  # fmt: skip
     if STORE_KV:
         slot = tl.load(Slot_mapping + token)
         # Heads of a cache slot are back to back: head h's values start at h * 2 * HALF.
-        kv_heads = tl.arange(0, BLOCK_KH)
-        heads = kv_heads[:, None] * (2 * HALF)
+        heads = (kv_head + tl.arange(0, 1))[:, None] * (2 * HALF)
         # A padding token (slot -1) masks its whole row out.
-        mask = (kv_heads < NUM_KV_HEADS)[:, None] & (offs < tl.where(slot >= 0, HALF, 0))[None, :]
+        mask = (offs < tl.where(slot >= 0, HALF, 0))[None, :]
         k_ptr = K_cache + slot * stride_slot + heads + offs[None, :]
         tl.store(k_ptr, k1.to(K_cache.dtype.element_ty), mask=mask)
         tl.store(k_ptr + HALF, k2.to(K_cache.dtype.element_ty), mask=mask)
@@ -186,14 +184,14 @@ def apply_rotary(
         assert rotary_dim == head_dim, "the fused qk-norm normalizes whole heads"
         for w in (q_weight, k_weight):
             assert w.shape == (head_dim,) and w.is_contiguous()
-    _rotary_kernel[(num_tokens,)](
+    assert num_q_heads % num_kv_heads == 0
+    group = num_q_heads // num_kv_heads
+    _rotary_kernel[(num_tokens, num_kv_heads)](
         q, k, positions, cos_sin_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
         v, k_cache, v_cache, slot_mapping, stride_vt, stride_slot,
         q_weight, k_weight, eps, head_dim,
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads,
-        BLOCK_QH=triton.next_power_of_2(num_q_heads),
-        BLOCK_KH=triton.next_power_of_2(num_kv_heads),
+        GROUP=group, BLOCK_QH=triton.next_power_of_2(group),
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=kv_store is not None,
         QK_NORM=qk_norm is not None,
         num_warps=4,
