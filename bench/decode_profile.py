@@ -101,7 +101,9 @@ def profile_batch(runner, bs: int, context: int, page: int, replays: int) -> dic
         by_kernel[evt.name] += evt.device_time / 5 / 1e3  # ms per step
         counts[evt.name] += 1
         # What the kernel adds to the step: the time from the previous kernel's end to its
-        # own. Under PDL a kernel starts early and waits, so its duration overstates it.
+        # own (a kernel that starts early and waits, as under programmatic dependent launch,
+        # has a duration that overstates it). A replay's first kernel also carries the host
+        # gap between this loop's replays.
         if prev_end is not None:
             marginal[evt.name] += (evt.time_range.end - prev_end) / 5 / 1e3
         prev_end = evt.time_range.end
