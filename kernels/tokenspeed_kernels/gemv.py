@@ -77,6 +77,7 @@ import triton.language as tl
 
 from tokenspeed_kernels import precise_math
 from tokenspeed_kernels.activation import silu_mul
+from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
 
 @triton.jit
@@ -178,28 +179,6 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _mul_rn(a, b, PRECISE: tl.constexpr):
-    """fp32 ``a * b`` rounded on its own even where the launch contracts products into FMAs
-    (``rotary.py`` turns contraction off for its whole kernel; this one's sums keep it)."""
-    if PRECISE:  # an explicit rounding mode: ptxas never fuses it
-        return tl.inline_asm_elementwise(
-            "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:  # the interpreter's numpy never contracts
-        return a * b
-
-
-@triton.jit
-def _rotate(x1, x2, cos, sin, PRECISE: tl.constexpr):
-    """``rotary.py``'s rotation of a head's halves, rounded as it rounds them."""
-    a = x1.to(tl.float32)
-    b = x2.to(tl.float32)
-    o1 = _mul_rn(a, cos, PRECISE) - _mul_rn(b, sin, PRECISE)
-    o2 = _mul_rn(b, cos, PRECISE) + _mul_rn(a, sin, PRECISE)
-    return o1.to(x1.dtype), o2.to(x1.dtype)
-
-
-@triton.jit
 def _store_halves(ptr, x1, x2, offs, HALF: tl.constexpr, stores):
     """x1 at ``ptr + offs`` and x2 HALF on, cast to ptr's dtype, if the scalar ``stores``."""
     mask = offs < tl.where(stores, HALF, 0)  # (the interpreter can't AND a scalar into a mask)
@@ -228,10 +207,10 @@ def _gemv_rope_kv_kernel(
     )  # fmt: skip
     x1 = acc1.to(Q.dtype.element_ty)  # the product's rounding, as gemv's output
     x2 = acc2.to(Q.dtype.element_ty)
-    pos = tl.load(Positions).to(tl.int64)
-    cos = tl.load(Cos_sin + pos * stride_cs + offs, mask=mask, other=0.0)
-    sin = tl.load(Cos_sin + pos * stride_cs + HALF + offs, mask=mask, other=0.0)
-    o1, o2 = _rotate(x1, x2, cos, sin, PRECISE)
+    cos, sin = load_cos_sin(Cos_sin, tl.load(Positions), stride_cs, offs, HALF)
+    o1, o2 = rotate(x1, x2, cos, sin, PRECISE)
+    o1 = o1.to(Q.dtype.element_ty)
+    o2 = o2.to(Q.dtype.element_ty)
     # Where the head goes: q heads rotated to Q; k heads rotated, v heads as they are, to the
     # caches' slot (a padding token's slot -1: nowhere).
     kv_head = head - NUM_Q_HEADS  # k heads [0, Hkv), then v heads [Hkv, 2 Hkv)

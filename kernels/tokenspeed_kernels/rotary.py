@@ -33,6 +33,12 @@ halves' partial sums would add in another order). On a GPU the reduction tree fo
 kernel's register layout, and ``rms_norm`` may contract its squares into FMAs while this kernel
 never does, so there the two can differ by an fp32 ulp of the mean square (rarely one ulp of
 the stored value).
+
+Kernels that fold this work into another launch (``gemv``'s qkv epilogue, ``decode_attention``'s
+new-token prologue) build it from the same parts -- ``load_cos_sin``, ``rotate``,
+``rotated_heads``, ``store_kv_slot`` -- so they round as this kernel does. Those launches keep
+FMA contraction on for their own sums, so these parts take a ``PRECISE`` constexpr
+(``precise_math.mul_rn``); this module's launch turns contraction off and passes False.
 """
 
 from __future__ import annotations
@@ -41,22 +47,45 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernels.precise_math import mul_rn
+
+
+@triton.jit
+def load_cos_sin(Cos_sin, pos, stride_cs, offs, HALF: tl.constexpr):
+    """cos and sin (fp32) of position ``pos`` at dims ``offs`` of a half (0 past HALF)."""
+    row = Cos_sin + pos.to(tl.int64) * stride_cs
+    cos = tl.load(row + offs, mask=offs < HALF, other=0.0)
+    sin = tl.load(row + HALF + offs, mask=offs < HALF, other=0.0)
+    return cos, sin
+
+
+@triton.jit
+def rotate(x1, x2, cos, sin, PRECISE: tl.constexpr):
+    """A head's halves rotated (module doc), in fp32; each product rounds on its own
+    (``precise_math.mul_rn``) even in a launch that contracts products into FMAs."""
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    o1 = mul_rn(a, cos, PRECISE) - mul_rn(b, sin, PRECISE)
+    o2 = mul_rn(b, cos, PRECISE) + mul_rn(a, sin, PRECISE)
+    return o1, o2
+
 
 @triton.jit
 def _rms_norm_heads(
     rows, x1, x2, W, eps, head_dim, head_mask, offs,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PRECISE: tl.constexpr,
 ):  # fmt: skip
     """The halves x1, x2 (fp32) of heads starting at ``rows``, RMS-normed over the head as
     ``rmsnorm._rms_norm_kernel`` rounds a row (module doc), back in fp32."""
     dtype = rows.dtype.element_ty
     # The whole head as one row, so the squares add in rms_norm's order (module doc).
-    # NOTE: h's elements may sit in other threads than x1's and x2's, which the caller then
-    # overwrites in place; safe, as every store waits on its head's rstd, i.e. on all of h's row.
+    # NOTE: h's elements may sit in other threads than x1's and x2's, which the caller may
+    # then overwrite in place; safe, as every store waits on its head's rstd, i.e. on all of
+    # h's row.
     cols = tl.arange(0, 2 * BLOCK_HALF)
     mask = head_mask[:, None] & (cols < 2 * HALF)[None, :]
     h = tl.load(rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(h * h, 1) / head_dim + eps)[:, None]
+    rstd = tl.rsqrt(tl.sum(mul_rn(h, h, PRECISE), 1) / head_dim + eps)[:, None]
     w1 = tl.load(W + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
     w2 = tl.load(W + HALF + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
     n1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
@@ -65,27 +94,79 @@ def _rms_norm_heads(
 
 
 @triton.jit
+def _head_tile(
+    X, token, head0, stride_t, stride_h, offs,
+    NUM_HEADS: tl.constexpr, BLOCK_HEADS: tl.constexpr, HALF: tl.constexpr,
+):  # fmt: skip
+    """Pointers to the first dim of heads [head0, head0 + NUM_HEADS) of one token
+    ([BLOCK_HEADS, 1]), which of them exist, and the mask of their first halves at ``offs``."""
+    head_mask = tl.arange(0, BLOCK_HEADS) < NUM_HEADS
+    heads = head0 + tl.arange(0, BLOCK_HEADS)
+    rows = X + token.to(tl.int64) * stride_t + heads[:, None] * stride_h
+    return rows, head_mask, head_mask[:, None] & (offs < HALF)[None, :]
+
+
+@triton.jit
+def rotated_heads(
+    X, token, head0, stride_t, stride_h, cos, sin, offs, W, eps, head_dim,
+    NUM_HEADS: tl.constexpr, BLOCK_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, QK_NORM: tl.constexpr, PRECISE: tl.constexpr,
+):  # fmt: skip
+    """Heads [head0, head0 + NUM_HEADS) of one token RMS-normed by W when QK_NORM, then
+    rotated, rounded to X's dtype: two [BLOCK_HEADS, BLOCK_HALF] halves, 0 where no head or
+    dim is. X is only read. ``cos``/``sin``: ``load_cos_sin``'s, as [1, BLOCK_HALF]."""
+    rows, head_mask, mask = _head_tile(
+        X, token, head0, stride_t, stride_h, offs, NUM_HEADS, BLOCK_HEADS, HALF
+    )
+    x1 = tl.load(rows + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(rows + HALF + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        x1, x2 = _rms_norm_heads(
+            rows, x1, x2, W, eps, head_dim, head_mask, offs, HALF, BLOCK_HALF, PRECISE
+        )
+    o1, o2 = rotate(x1, x2, cos, sin, PRECISE)
+    return o1.to(X.dtype.element_ty), o2.to(X.dtype.element_ty)
+
+
+@triton.jit
 def _rotate_heads(
     X, token, head0, stride_t, stride_h, cos, sin, offs, W, eps, head_dim,
     NUM_HEADS: tl.constexpr, BLOCK_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     QK_NORM: tl.constexpr,
 ):  # fmt: skip
-    """Rotate heads [head0, head0 + NUM_HEADS) of one token in place (RMS-normed by W first
-    when QK_NORM); return the rotated halves."""
-    head_mask = tl.arange(0, BLOCK_HEADS) < NUM_HEADS
-    heads = head0 + tl.arange(0, BLOCK_HEADS)
-    mask = head_mask[:, None] & (offs < HALF)[None, :]
-    rows = X + token.to(tl.int64) * stride_t + heads[:, None] * stride_h
-    ptr1 = rows + offs[None, :]
-    x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0).to(tl.float32)
-    if QK_NORM:
-        x1, x2 = _rms_norm_heads(rows, x1, x2, W, eps, head_dim, head_mask, offs, HALF, BLOCK_HALF)
-    o1 = (x1 * cos - x2 * sin).to(X.dtype.element_ty)
-    o2 = (x2 * cos + x1 * sin).to(X.dtype.element_ty)
-    tl.store(ptr1, o1, mask=mask)
-    tl.store(ptr1 + HALF, o2, mask=mask)
+    """``rotated_heads`` written back in place; returns the rotated halves."""
+    # PRECISE off: this module's launch never contracts, so plain products already round alone.
+    o1, o2 = rotated_heads(
+        X, token, head0, stride_t, stride_h, cos, sin, offs, W, eps, head_dim,
+        NUM_HEADS, BLOCK_HEADS, HALF, BLOCK_HALF, QK_NORM, False,
+    )  # fmt: skip
+    rows, _, mask = _head_tile(X, token, head0, stride_t, stride_h, offs, NUM_HEADS,
+                               BLOCK_HEADS, HALF)  # fmt: skip
+    tl.store(rows + offs[None, :], o1, mask=mask)
+    tl.store(rows + HALF + offs[None, :], o2, mask=mask)
     return o1, o2
+
+
+@triton.jit
+def store_kv_slot(
+    k1, k2, V, K_cache, V_cache, Slot_mapping, token, kv_head, stride_vt, stride_slot, offs,
+    HALF: tl.constexpr,
+):  # fmt: skip
+    """Write one token's kv head: its rotated halves k1, k2 ([1, BLOCK_HALF]) and its v (read
+    from V) at the token's slot of the caches; slot -1 (padding) writes nothing."""
+    slot = tl.load(Slot_mapping + token)
+    # Heads of a cache slot are back to back: head h's values start at h * 2 * HALF.
+    heads = (kv_head + tl.arange(0, 1))[:, None] * (2 * HALF)
+    # A padding token (slot -1) masks its whole row out.
+    mask = (offs < tl.where(slot >= 0, HALF, 0))[None, :]
+    k_ptr = K_cache + slot * stride_slot + heads + offs[None, :]
+    tl.store(k_ptr, k1.to(K_cache.dtype.element_ty), mask=mask)
+    tl.store(k_ptr + HALF, k2.to(K_cache.dtype.element_ty), mask=mask)
+    v_ptr = V + token.to(tl.int64) * stride_vt + heads + offs[None, :]
+    v_out = V_cache + slot * stride_slot + heads + offs[None, :]
+    tl.store(v_out, tl.load(v_ptr, mask=mask).to(V_cache.dtype.element_ty), mask=mask)
+    v_hi = tl.load(v_ptr + HALF, mask=mask)
+    tl.store(v_out + HALF, v_hi.to(V_cache.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -118,11 +199,10 @@ def _rotary_kernel(
 ):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)  # with its GROUP q heads
-    pos = tl.load(Positions + token).to(tl.int64)
+    pos = tl.load(Positions + token)
     offs = tl.arange(0, BLOCK_HALF)
-    cs_mask = offs < HALF
-    cos = tl.load(Cos_sin + pos * stride_cs + offs, mask=cs_mask, other=0.0)[None, :]
-    sin = tl.load(Cos_sin + pos * stride_cs + HALF + offs, mask=cs_mask, other=0.0)[None, :]
+    cos, sin = load_cos_sin(Cos_sin, pos, stride_cs, offs, HALF)
+    cos, sin = cos[None, :], sin[None, :]
     _rotate_heads(
         Q, token, kv_head * GROUP, stride_qt, stride_qh, cos, sin, offs, Q_weight, eps, head_dim,
         GROUP, BLOCK_QH, HALF, BLOCK_HALF, QK_NORM,
@@ -132,19 +212,24 @@ def _rotary_kernel(
         1, 1, HALF, BLOCK_HALF, QK_NORM,
     )  # fmt: skip
     if STORE_KV:
-        slot = tl.load(Slot_mapping + token)
-        # Heads of a cache slot are back to back: head h's values start at h * 2 * HALF.
-        heads = (kv_head + tl.arange(0, 1))[:, None] * (2 * HALF)
-        # A padding token (slot -1) masks its whole row out.
-        mask = (offs < tl.where(slot >= 0, HALF, 0))[None, :]
-        k_ptr = K_cache + slot * stride_slot + heads + offs[None, :]
-        tl.store(k_ptr, k1.to(K_cache.dtype.element_ty), mask=mask)
-        tl.store(k_ptr + HALF, k2.to(K_cache.dtype.element_ty), mask=mask)
-        v_ptr = V + token.to(tl.int64) * stride_vt + heads + offs[None, :]
-        v_out = V_cache + slot * stride_slot + heads + offs[None, :]
-        tl.store(v_out, tl.load(v_ptr, mask=mask).to(V_cache.dtype.element_ty), mask=mask)
-        v_hi = tl.load(v_ptr + HALF, mask=mask)
-        tl.store(v_out + HALF, v_hi.to(V_cache.dtype.element_ty), mask=mask)
+        store_kv_slot(
+            k1, k2, V, K_cache, V_cache, Slot_mapping, token, kv_head, stride_vt, stride_slot,
+            offs, HALF,
+        )  # fmt: skip
+
+
+def kv_store_strides(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> tuple[int, int]:
+    """``store_kv_slot``'s ``stride_vt`` and ``stride_slot`` after checking the layouts it
+    assumes: k's and v's heads back to back, caches packed (slot s at ``s * stride_slot``)."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    assert k.stride(1) == head_dim and v.stride(1) == head_dim and v.stride(2) == 1
+    row = num_kv_heads * head_dim
+    for cache in (k_cache, v_cache):
+        assert cache.stride(1) == row and cache.stride(2) == head_dim and cache.stride(3) == 1
+        assert cache.stride(0) == cache.shape[1] * row, "blocks packed back to back"
+    return v.stride(0), row
 
 
 def apply_rotary(
@@ -171,12 +256,7 @@ def apply_rotary(
     else:
         v, k_cache, v_cache, slot_mapping = kv_store
         assert rotary_dim == head_dim, "the fused cache write rotates whole heads"
-        assert k.stride(1) == head_dim and v.stride(1) == head_dim and v.stride(2) == 1
-        row = num_kv_heads * head_dim
-        for cache in (k_cache, v_cache):
-            assert cache.stride(1) == row and cache.stride(2) == head_dim and cache.stride(3) == 1
-            assert cache.stride(0) == cache.shape[1] * row, "blocks packed back to back"
-        stride_vt, stride_slot = v.stride(0), row
+        stride_vt, stride_slot = kv_store_strides(k, v, k_cache, v_cache)
     if qk_norm is None:
         q_weight, k_weight, eps = q, k, 0.0
     else:
