@@ -1,13 +1,18 @@
 import pytest
 import torch
-from kernel_testing import assert_close, gpu_test, make_paged_batch
+from kernel_testing import DEVICE, assert_close, gpu_test, make_paged_batch
 from tokenspeed_kernels.decode_attention import (
     MAX_KV_SPLITS,
+    NewToken,
     _decode_split_kernel,
+    _new_token_args,
     decode_attention,
     num_kv_splits_for,
 )
 from tokenspeed_kernels.reference import kv_write_reference, paged_attention_reference
+from tokenspeed_kernels.rotary import apply_rotary
+
+from tokenspeed_aio.model.layers.rotary import build_cos_sin_cache
 
 # Length 1, a few tokens, one crossing several splits of 64-key tiles, and a long one.
 CONTEXTS = [0, 16, 250, 399]
@@ -89,8 +94,9 @@ def test_decode_single_split_equals_the_merge_of_one_split():
         q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, mid_o, mid_lse,
         merged, 0.125 * 1.4426950408889634, 1, merged.stride(0), merged.stride(1),
         q.stride(0), q.stride(1), *batch.k_cache.stride()[:3], *batch.v_cache.stride()[:3],
-        batch.block_tables.stride(0),
+        batch.block_tables.stride(0), *_new_token_args(q, batch.k_cache, batch.v_cache, None),
         GROUP=4, BLOCK_H=16, HEAD_DIM=64, BLOCK_D=64, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
+        NEW_TOKEN=False, QK_NORM=False, PRECISE=False,
     )  # fmt: skip
     _decode_reduce_kernel[(3, 8)](
         mid_o, mid_lse, batch.seq_lens, merged, 1, merged.stride(0), merged.stride(1),
@@ -107,6 +113,118 @@ def test_decode_reads_strided_queries_and_writes_into_out():
     decode_attention(wide[:, 1], batch.k_cache, batch.v_cache, batch.block_tables,
                      batch.seq_lens, 0.125, 2, out=out)  # fmt: skip
     assert_close(out, _run(batch, 2)[1])
+
+
+class _NewTokens:
+    """A decode batch whose new tokens are not in the cache yet: raw q, k, v as views of one
+    qkv output (strided rows, as the model hands them over), positions seq_len - 1, and the
+    new tokens' slots poisoned with NaN, so a program that read one before its write would
+    show it. ``padding`` rows become graph padding: seq_len 0, slot -1; ``no_slot`` rows keep
+    their keys but store nothing (slot -1, as an idle forward's token)."""
+
+    def __init__(self, contexts, *, group, dtype, num_kv_heads=2, head_dim=64, page_size=16,
+                 padding=(), no_slot=(), qk_norm=False, seed=0):  # fmt: skip
+        batch = make_paged_batch(
+            contexts, [1] * len(contexts), num_q_heads=group * num_kv_heads,
+            num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, dtype=dtype,
+            pad=False, seed=seed,
+        )  # fmt: skip
+        slots = batch.slot_mapping
+        for row in padding:
+            batch.seq_lens[row] = 0
+        slots[list(padding) + list(no_slot)] = -1
+        for cache in (batch.k_cache, batch.v_cache):
+            cache.view(-1, num_kv_heads, head_dim)[slots[slots >= 0]] = float("nan")
+        n = len(contexts)
+        qkv = torch.cat([t.flatten(1) for t in (batch.q, batch.k_new, batch.v_new)], 1)
+        q_end, k_end = batch.q[0].numel(), batch.q[0].numel() + batch.k_new[0].numel()
+        self.q = qkv[:, :q_end].view(batch.q.shape)
+        self.k = qkv[:, q_end:k_end].view(batch.k_new.shape)
+        self.v = qkv[:, k_end:].view(batch.v_new.shape)
+        self.positions = (batch.seq_lens.long() - 1).clamp(min=0)
+        self.cos_sin = build_cos_sin_cache(head_dim, 4096, 10000.0).to(DEVICE)
+        self.qk_norm = None
+        if qk_norm:
+            gen = torch.Generator().manual_seed(seed + 1)
+            w = (1 + 0.3 * torch.randn(2, head_dim, generator=gen)).to(DEVICE, dtype)
+            self.qk_norm = (w[0], w[1], 1e-6)
+        self.batch, self.qkv, self.n = batch, qkv, n
+
+    def unfused(self, splits, scale=0.125):
+        """``apply_rotary`` with the cache write, then ``decode_attention``: (out, caches)."""
+        b = self.batch
+        k_cache, v_cache = b.k_cache.clone(), b.v_cache.clone()
+        q, k = self.q.clone(), self.k.clone()
+        kv_store = (self.v, k_cache, v_cache, b.slot_mapping)
+        apply_rotary(q, k, self.positions, self.cos_sin, kv_store, self.qk_norm)
+        out = decode_attention(q, k_cache, v_cache, b.block_tables, b.seq_lens, scale, splits)
+        return out, k_cache, v_cache
+
+    def fused(self, splits, scale=0.125):
+        b = self.batch
+        k_cache, v_cache = b.k_cache.clone(), b.v_cache.clone()
+        new = NewToken(self.k, self.v, self.positions, self.cos_sin, b.slot_mapping, self.qk_norm)
+        out = decode_attention(self.q, k_cache, v_cache, b.block_tables, b.seq_lens, scale,
+                               splits, new_token=new)  # fmt: skip
+        return out, k_cache, v_cache
+
+
+# With 3 splits the new keys (positions 16, 64, 130) fall in splits 0, 1 and 2.
+NEW_TOKEN_CONTEXTS = [16, 64, 0, 130, 5]
+
+
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "qk_norm"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_new_token_prologue_equals_apply_rotary_then_decode(dtype, group, splits, qk_norm):
+    # Row 2 is a graph padding row (seq_len 0, slot -1), row 4 stores nothing (slot -1).
+    batch = _NewTokens(NEW_TOKEN_CONTEXTS, group=group, dtype=dtype, padding=[2], no_slot=[4],
+                       qk_norm=qk_norm, seed=group + splits)  # fmt: skip
+    qkv = batch.qkv.clone()
+    out, k_cache, v_cache = batch.fused(splits)
+    want, want_k, want_v = batch.unfused(splits)
+    assert torch.equal(out, want)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    assert torch.equal(batch.qkv, qkv), "q, k and v are only read"
+    assert not out.isnan().any(), "a new key was read before it was stored"
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+def test_new_token_of_a_row_without_keys_is_stored_by_split_zero():
+    # A keyless row still stores its token where apply_rotary would (no program attends it).
+    batch = _NewTokens([3, 40], group=2, dtype=torch.float32, padding=[0])
+    batch.batch.slot_mapping[0] = 5  # block 0 is the null block: a slot no row reads
+    out, k_cache, v_cache = batch.fused(2)
+    want, want_k, want_v = batch.unfused(2)
+    assert torch.equal(out, want) and torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    assert not torch.equal(k_cache[0, 5], batch.batch.k_cache[0, 5])
+
+
+@gpu_test
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
+def test_new_token_prologue_8b_shapes_gpu(qk_norm):
+    # Llama-3-8B / Qwen3-8B attention (32 q heads on 8 kv heads of 128, bf16) with the rows'
+    # new keys in every position of a split; here the splits run at once, so one that read a
+    # new key before its writer stored it would read the NaN its slot holds.
+    contexts = [0, 1, 15, 16, 17, 63, 64, 255, 1000, 4095] * 4
+    rows = len(contexts)
+    batch = _NewTokens(contexts + [0, 0], group=4, dtype=torch.bfloat16, num_kv_heads=8,
+                       head_dim=128, padding=[rows], no_slot=[rows + 1], qk_norm=qk_norm,
+                       seed=7)  # fmt: skip
+    scale = 128**-0.5
+    for splits in (1, 5, 16):
+        out, k_cache, v_cache = batch.fused(splits, scale)
+        want, want_k, want_v = batch.unfused(splits, scale)
+        assert not out.isnan().any(), "a new key was read before it was stored"
+        assert torch.equal(v_cache, want_v)
+        if qk_norm:  # the norm's sum of squares may add in another order (rotary.py): an ulp
+            torch.testing.assert_close(k_cache.float(), want_k.float(), rtol=1e-2, atol=1e-2)
+        else:  # each product rounds alone in both kernels (precise_math.mul_rn)
+            assert torch.equal(k_cache, want_k)
+        assert_close(out, want)
+        assert torch.equal(out[rows], torch.zeros_like(out[rows]))
 
 
 def test_num_kv_splits_depends_only_on_host_constants():

@@ -25,15 +25,49 @@ and there is no reduce launch: merging one split is the identity, so results are
 ``(B, num_kv_heads, num_kv_splits)``, so compiled kernels depend only on head_dim, page_size,
 group, dtype and block sizes, and the launch for one batch size is the same every step
 (CUDA-graph capturable, no host sync).
+
+New-token prologue: ``decode_attention(q, ..., new_token=NewToken(k, v, positions,
+cos_sin_cache, slot_mapping, qk_norm))`` is ``rotary.apply_rotary(q, k, positions,
+cos_sin_cache, kv_store=(v, k_cache, v_cache, slot_mapping), qk_norm=qk_norm)`` followed by
+``decode_attention(q, ...)``, in one launch fewer::
+
+    q:             [B, num_q_heads, head_dim]    raw: not yet normed nor rotated; only read
+    k, v:          [B, num_kv_heads, head_dim]   the rows' new tokens, raw; only read (heads
+                                                 back to back, head_dim contiguous; rows may
+                                                 be strided, e.g. views of the qkv output)
+    positions:     [B]                           each new token's RoPE position
+    cos_sin_cache: [max_position, head_dim] fp32 RoPE over whole heads (rotary's layout)
+    slot_mapping:  [B] int64                     the new key's slot; -1 stores nothing
+    qk_norm:       (q_weight [head_dim], k_weight [head_dim], eps) or None
+    k/v_cache:     packed, blocks back to back (``rotary.kv_store_strides``)
+
+head_dim must be a power of two (a rotated head's two halves then fill the q tile exactly).
+Every program norms (with qk_norm) and rotates the q heads of its group from the raw q, with
+``rotary``'s own parts, and rounds them to q's dtype: the values apply_rotary would store, kept
+in registers. The new key is position ``seq_len - 1``, so the one program whose key range holds
+it (split 0 for a row without keys) norms and rotates that kv head's k and stores it and v at
+the slot, then waits on a CTA barrier before its loop reads the key back; no other program reads
+that slot, so nothing orders programs. This needs ``slot_mapping[b]`` to be the slot of key
+``seq_len[b] - 1`` in ``block_tables`` (or -1), as a decode step's is.
+
+Under Triton's interpreter the output and the caches equal the unfused pair's bit for bit. On a
+GPU the products round alone here (``precise_math.mul_rn``) as in rotary's launch, which turns
+FMA contraction off, so q and the stored k/v match there too, except that qk_norm's sum of
+squares may add in another order (``rotary``'s module doc): now and then an ulp of a normed
+value, and then of the output.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernels import precise_math
 from tokenspeed_kernels.attention_tiles import attend_keys
+from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_heads, store_kv_slot
 
 BLOCK_N = 64  # keys per tile
 MAX_KV_SPLITS = 32
@@ -72,6 +106,20 @@ def _decode_split_kernel(
     stride_vp,
     stride_vh,
     stride_bt,
+    K_new,  # NEW_TOKEN's operands (module doc), unread without it
+    V_new,
+    Positions,
+    Cos_sin,
+    Slot_mapping,
+    Q_weight,  # these two and eps: QK_NORM's
+    K_weight,
+    eps,
+    head_dim,  # a runtime int, as rotary's launch passes it: the norm divides alike
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_cs,
+    stride_slot,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -79,6 +127,9 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr,
+    NEW_TOKEN: tl.constexpr,  # Q is the raw query; norm, rotate and store first (module doc)
+    QK_NORM: tl.constexpr,
+    PRECISE: tl.constexpr,  # precise_math.PRECISE_MATH: NEW_TOKEN's products round alone
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -96,12 +147,39 @@ def _decode_split_kernel(
     d_mask = offs_d < HEAD_DIM
     hd_mask = h_mask[:, None] & d_mask[None, :]
     out_ptrs = Out + row.to(tl.int64) * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :]
+    if NEW_TOKEN:
+        HALF: tl.constexpr = HEAD_DIM // 2  # == BLOCK_D // 2: power-of-two heads (module doc)
+        offs_half = tl.arange(0, HALF)
+        cos, sin = load_cos_sin(Cos_sin, tl.load(Positions + row), stride_cs, offs_half, HALF)
+        cos, sin = cos[None, :], sin[None, :]
+        # The split whose keys hold the new one, position seq_len - 1 (split 0 for a row
+        # without keys), stores it; no other program reads that slot. The condition is the
+        # same for the whole program, so every thread reaches the barrier, after which the
+        # stores of all of them are visible to the loop's loads.
+        if split == tl.maximum(seq_len - 1, 0) // chunk:
+            k1, k2 = rotated_heads(
+                K_new, row, kv_head, stride_knt, stride_knh, cos, sin, offs_half, K_weight,
+                eps, head_dim, 1, 1, HALF, HALF, QK_NORM, PRECISE,
+            )  # fmt: skip
+            store_kv_slot(
+                k1, k2, V_new, K_cache, V_cache, Slot_mapping, row, kv_head, stride_vnt,
+                stride_slot, offs_half, HALF,
+            )  # fmt: skip
+            tl.debug_barrier()
     if start < end:
-        q = tl.load(
-            Q + row.to(tl.int64) * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
-            mask=hd_mask,
-            other=0.0,
-        )
+        if NEW_TOKEN:  # the values apply_rotary would have written over Q, kept in registers
+            q1, q2 = rotated_heads(
+                Q, row, kv_head * GROUP, stride_qt, stride_qh, cos, sin, offs_half, Q_weight,
+                eps, head_dim, GROUP, BLOCK_H, HALF, HALF, QK_NORM, PRECISE,
+            )  # fmt: skip
+            # [BLOCK_H, HALF] twice -> [BLOCK_H, 2, HALF] -> the heads' [BLOCK_H, HEAD_DIM].
+            q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (BLOCK_H, BLOCK_D))
+        else:
+            q = tl.load(
+                Q + row.to(tl.int64) * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
+                mask=hd_mask,
+                other=0.0,
+            )
         bt_row = Block_tables + row.to(tl.int64) * stride_bt
 
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -169,6 +247,41 @@ def _decode_reduce_kernel(
     )
 
 
+class NewToken(NamedTuple):
+    """Each row's new token, which ``decode_attention`` norms, rotates and stores itself before
+    attending (``rotary.apply_rotary`` with ``kv_store``, folded in; layout: module doc)."""
+
+    k: torch.Tensor  # [B, Hkv, D], raw
+    v: torch.Tensor  # [B, Hkv, D]
+    positions: torch.Tensor  # [B], each token's RoPE position
+    cos_sin_cache: torch.Tensor  # [max_position, D] fp32
+    slot_mapping: torch.Tensor  # [B] int64; -1 stores nothing
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None  # (q_weight, k_weight, eps)
+
+
+def _new_token_args(q: torch.Tensor, k_cache, v_cache, new: NewToken | None) -> tuple:
+    """The split kernel's operands from K_new to stride_slot (dummies without ``new``)."""
+    if new is None:
+        return (q,) * 7 + (0.0,) + (0,) * 6
+    batch, _, head_dim = q.shape
+    k, v, positions, cos_sin, slot_mapping, qk_norm = new
+    num_kv_heads = k_cache.shape[2]
+    assert head_dim >= 2 and head_dim & (head_dim - 1) == 0, "whole power-of-two heads rotate"
+    assert cos_sin.shape[1] == head_dim and cos_sin.stride(1) == 1
+    assert cos_sin.dtype == torch.float32
+    assert k.shape == v.shape == (batch, num_kv_heads, head_dim) and k.stride(2) == 1
+    assert positions.shape == slot_mapping.shape == (batch,)
+    stride_vt, stride_slot = kv_store_strides(k, v, k_cache, v_cache)
+    q_weight, k_weight, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
+    if qk_norm is not None:
+        for w in (q_weight, k_weight):
+            assert w.shape == (head_dim,) and w.is_contiguous()
+    return (
+        k, v, positions, cos_sin, slot_mapping, q_weight, k_weight, eps, head_dim,
+        k.stride(0), k.stride(1), stride_vt, cos_sin.stride(0), stride_slot,
+    )  # fmt: skip
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -178,11 +291,15 @@ def decode_attention(
     scale: float,
     num_kv_splits: int,
     out: torch.Tensor | None = None,
+    new_token: NewToken | None = None,
 ) -> torch.Tensor:
     """Attend each row's single query to its ``seq_lens[b]`` cached keys (layout: module doc).
 
     ``num_kv_splits`` must be a host constant for a given batch size (see
-    :func:`num_kv_splits_for`); ``out`` may be given to write in place.
+    :func:`num_kv_splits_for`); ``out`` may be given to write in place. With ``new_token``, q
+    is the raw query and the rows' new keys are not yet in the cache: the kernel norms and
+    rotates q and k and stores k and v first (module doc); q and new_token's tensors are
+    only read.
     """
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -210,9 +327,11 @@ def decode_attention(
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
+        block_tables.stride(0), *_new_token_args(q, k_cache, v_cache, new_token),
         GROUP=group, BLOCK_H=block_h, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        PAGE_SIZE=page_size, BLOCK_N=BLOCK_N, DIRECT=direct, num_warps=4, num_stages=2,
+        PAGE_SIZE=page_size, BLOCK_N=BLOCK_N, DIRECT=direct, NEW_TOKEN=new_token is not None,
+        QK_NORM=new_token is not None and new_token.qk_norm is not None,
+        PRECISE=precise_math.PRECISE_MATH, num_warps=4, num_stages=2,
     )  # fmt: skip
     if not direct:
         _decode_reduce_kernel[(batch, num_q_heads)](
