@@ -93,8 +93,47 @@ def test_triton_backend_with_qk_norm_matches_torch_backend(rope):
     _compare([5, 0, 33], [1, 20, 7], pad=True, rope=rope, qk_norm=_qk_norms(64, DEVICE))
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "qk_norm"])
+def test_triton_backend_decode_stores_the_new_tokens_inside_the_attention_launch(
+    qk_norm, monkeypatch
+):
+    # A decode-only forward with RoPE over whole heads launches no rotary kernel: the decode
+    # kernel norms, rotates and stores the new tokens itself, to the same bits as the store
+    # launch followed by ``attend``. The last token is padding (slot -1).
+    from tokenspeed_aio.model.attention import kv_store
+
+    contexts = [5, 0, 33, 70]
+    batch = make_paged_batch(contexts, [1] * 4, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                             page_size=16, dtype=torch.bfloat16, pad=True)  # fmt: skip
+    n = batch.q.shape[0]
+    positions = torch.tensor([*contexts, 0], device=DEVICE)
+    rope = (RotaryEmbedding(64, 4096, 10000.0).to(DEVICE), positions)
+    norms = _qk_norms(64, DEVICE) if qk_norm else None
+    backend = TritonAttentionBackend(max_model_len=4096)
+
+    def run(forward):
+        q, k, v = (t.reshape(n, -1).clone() for t in (batch.q, batch.k_new, batch.v_new))
+        ctx = forward_context(batch, backend, contexts, [1] * 4)
+        return forward(q, k, v, 1, ctx, rope, norms), ctx
+
+    want, want_ctx = run(lambda *args: kv_store.StoredKVBackend.forward(backend, *args))
+
+    def no_rotary_launch(*args, **kwargs):
+        raise AssertionError("the decode path launched the rotary kernel")
+
+    monkeypatch.setattr(kv_store, "apply_rotary", no_rotary_launch)
+    out, ctx = run(backend.forward)
+    assert torch.equal(out, want)
+    assert torch.equal(out[-1], torch.zeros_like(out[-1])), "padding must be 0"
+    assert torch.equal(ctx.k_caches[1], want_ctx.k_caches[1])
+    assert torch.equal(ctx.v_caches[1], want_ctx.v_caches[1])
+
+
 @gpu_test
-def test_triton_backend_decode_replays_in_a_cuda_graph_gpu():
+@pytest.mark.parametrize("rope", [False, True], ids=["no_rope", "rope"])
+def test_triton_backend_decode_replays_in_a_cuda_graph_gpu(rope):
+    # With rope the decode kernel rotates and stores the new tokens itself, reading their
+    # positions and slots from the graph's buffers.
     # Blocks for two decode steps: step 1 writes position c, step 2 position c + 1.
     contexts = [0, 100, 1000, 4000] * 4
     n = len(contexts)
@@ -102,9 +141,12 @@ def test_triton_backend_decode_replays_in_a_cuda_graph_gpu():
                              head_dim=128, page_size=16, dtype=torch.bfloat16, pad=False)  # fmt: skip
     ctx = forward_context(batch, None, [c + 1 for c in contexts], [1] * n)
     attn = ctx.attn
+    positions = torch.zeros(n, dtype=torch.int64, device="cuda")
+    rope_arg = (RotaryEmbedding(128, 8192, 10000.0).to("cuda"), positions) if rope else None
 
     def step(position_offset: int) -> None:
         attn.seq_lens.copy_(torch.tensor(contexts, device="cuda") + 1 + position_offset)
+        positions.copy_(torch.tensor(contexts, device="cuda") + position_offset)
         slots = [_slot(batch, b, c + position_offset) for b, c in enumerate(contexts)]
         attn.slot_mapping.copy_(torch.tensor(slots, device="cuda"))
         for t in (q, k, v):
@@ -113,15 +155,16 @@ def test_triton_backend_decode_replays_in_a_cuda_graph_gpu():
     q, k, v = (t.reshape(n, -1) for t in (batch.q, batch.k_new, batch.v_new))
     backend = TritonAttentionBackend(max_model_len=8192)
     step(0)
-    backend.forward(q, k, v, 0, ctx)  # compile outside the capture
+    backend.forward(q, k, v, 0, ctx, rope_arg)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = backend.forward(q, k, v, 0, ctx)
+        out = backend.forward(q, k, v, 0, ctx, rope_arg)
     for offset in (0, 1):  # replay on new values in the same buffers, no Python
         step(offset)
         graph.replay()
         k_cache = ctx.k_caches[0].clone()
-        expected = TorchAttentionBackend().forward(q, k, v, 0, ctx)
+        # With rope it rotates as the graph does (apply_rotary on CUDA), so stores the same k.
+        expected = TorchAttentionBackend().forward(q, k, v, 0, ctx, rope_arg)
         assert torch.equal(ctx.k_caches[0], k_cache), "the graph must have written k already"
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 

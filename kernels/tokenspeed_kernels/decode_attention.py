@@ -41,7 +41,7 @@ cos_sin_cache, kv_store=(v, k_cache, v_cache, slot_mapping), qk_norm=qk_norm)`` 
     qk_norm:       (q_weight [head_dim], k_weight [head_dim], eps) or None
     k/v_cache:     packed, blocks back to back (``rotary.kv_store_strides``)
 
-head_dim must be a power of two (a rotated head's two halves then fill the q tile exactly).
+head_dim must be a power of two (``folds_new_token``).
 Every program norms (with qk_norm) and rotates the q heads of its group from the raw q, with
 ``rotary``'s own parts, and rounds them to q's dtype: the values apply_rotary would store, kept
 in registers. The new key is position ``seq_len - 1``, so the one program whose key range holds
@@ -247,6 +247,12 @@ def _decode_reduce_kernel(
     )
 
 
+def folds_new_token(head_dim: int) -> bool:
+    """Whether ``decode_attention`` takes ``new_token`` for heads of ``head_dim`` (a power of
+    two: a rotated head's halves then fill the q tile exactly)."""
+    return head_dim >= 2 and head_dim & (head_dim - 1) == 0
+
+
 class NewToken(NamedTuple):
     """Each row's new token, which ``decode_attention`` norms, rotates and stores itself before
     attending (``rotary.apply_rotary`` with ``kv_store``, folded in; layout: module doc)."""
@@ -266,7 +272,7 @@ def _new_token_args(q: torch.Tensor, k_cache, v_cache, new: NewToken | None) -> 
     batch, _, head_dim = q.shape
     k, v, positions, cos_sin, slot_mapping, qk_norm = new
     num_kv_heads = k_cache.shape[2]
-    assert head_dim >= 2 and head_dim & (head_dim - 1) == 0, "whole power-of-two heads rotate"
+    assert folds_new_token(head_dim), "the new-token prologue needs power-of-two heads"
     assert cos_sin.shape[1] == head_dim and cos_sin.stride(1) == 1
     assert cos_sin.dtype == torch.float32
     assert k.shape == v.shape == (batch, num_kv_heads, head_dim) and k.stride(2) == 1

@@ -8,7 +8,9 @@ norms, rotation and store are one Triton launch.
 
 ``StoredKVBackend`` is a backend whose forward is that store, then ``attend``; a caller that
 has already rotated q and stored k/v itself (the batch-1 qkv product with RoPE and the cache
-write as its epilogue, ``model/layers/linear.py``) calls ``attend`` directly.
+write as its epilogue, ``model/layers/linear.py``) calls ``attend`` directly. A backend may
+fold the store into its attention kernel where that kernel can do it (the Triton backend's
+decode forwards), with the same conditions (``rotates_whole_heads``, ``joint_qk_norm``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,20 @@ if TYPE_CHECKING:
 
     from tokenspeed_aio.model.attention.base import QKNorm, Rope
     from tokenspeed_aio.model.forward_context import ForwardContext
+
+
+def rotates_whole_heads(rope: Rope | None, head_dim: int) -> bool:
+    """Whether ``rope`` covers every dim of a head, which the fused launches need."""
+    return rope is not None and rope[0].cos_sin_cache.shape[1] == head_dim
+
+
+def joint_qk_norm(qk_norm: QKNorm) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """(q weight, k weight, eps) for a kernel that norms q and k in one launch; None when the
+    two norms' eps differ (it takes one)."""
+    q_norm, k_norm = qk_norm
+    if q_norm.eps != k_norm.eps:
+        return None
+    return q_norm.weight, k_norm.weight, q_norm.eps
 
 
 def store_layer_kv(
@@ -47,13 +63,12 @@ def store_layer_kv(
     k3 = k.view(n, num_kv_heads, head_dim)
     v3 = v.view(n, num_kv_heads, head_dim)
     slot_mapping = ctx.attn.slot_mapping
-    whole_heads = rope is not None and rope[0].cos_sin_cache.shape[1] == head_dim
+    whole_heads = rotates_whole_heads(rope, head_dim)
     fused_norm = None
     if qk_norm is not None:
-        q_norm, k_norm = qk_norm
-        if whole_heads and q_norm.eps == k_norm.eps:
-            fused_norm = (q_norm.weight, k_norm.weight, q_norm.eps)
-        else:  # no supported model gets here: the norm layers in place, then as without
+        fused_norm = joint_qk_norm(qk_norm) if whole_heads else None
+        if fused_norm is None:  # no supported model gets here: the norm layers in place
+            q_norm, k_norm = qk_norm
             q3.copy_(q_norm(q3))
             k3.copy_(k_norm(k3))
     if rope is None:

@@ -6,6 +6,12 @@ qkv product's epilogue) store the forward's k/v at ``slot_mapping``, then ``atte
 ``extend_attention`` (prefill chunks over a cached prefix, causal) reads everything back
 from the paged cache.
 
+A decode-only forward whose RoPE covers whole heads (of a power-of-two head_dim, with q/k norms
+of one eps if any) skips the first launch: ``decode_attention``'s new-token prologue norms and
+rotates q and k and stores k/v itself (``NewToken``), so the layer's attention is the split
+kernel (and the reduce, with several splits). q and k then stay raw in memory; nothing reads
+them after the attention.
+
 CUDA-graph contract for decode: nothing here reads a device value on the host. The launch
 depends only on host ints (tensor shapes, the batch's row count) and on the number of KV
 splits, a function of the batch size fixed at construction, so replaying a captured batch
@@ -17,12 +23,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
+from tokenspeed_kernels.decode_attention import (
+    NewToken,
+    decode_attention,
+    folds_new_token,
+    num_kv_splits_for,
+)
 from tokenspeed_kernels.extend_attention import extend_attention
 
-from tokenspeed_aio.model.attention.kv_store import StoredKVBackend
+from tokenspeed_aio.model.attention.kv_store import (
+    StoredKVBackend,
+    joint_qk_norm,
+    rotates_whole_heads,
+)
 
 if TYPE_CHECKING:
+    from tokenspeed_aio.model.attention.base import QKNorm, Rope
     from tokenspeed_aio.model.forward_context import ForwardContext
 
 
@@ -52,7 +68,51 @@ class TritonAttentionBackend(StoredKVBackend):
             )
         return self._splits[key]
 
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_idx: int,
+        ctx: ForwardContext,
+        rope: Rope | None = None,
+        qk_norm: QKNorm | None = None,
+    ) -> torch.Tensor:
+        num_kv_heads, head_dim = ctx.k_caches[layer_idx].shape[2:]
+        norm = None if qk_norm is None else joint_qk_norm(qk_norm)
+        if not (
+            ctx.attn.is_decode_only
+            and rotates_whole_heads(rope, head_dim)
+            and folds_new_token(head_dim)
+            and (qk_norm is None or norm is not None)
+        ):
+            return super().forward(q, k, v, layer_idx, ctx, rope, qk_norm)
+        # Tokens [0, num_rows) are the rows' new tokens (one each); any after them are
+        # padding (slot -1), which store nothing and whose outputs are zeroed.
+        rows, n = ctx.attn.num_rows, q.shape[0]
+        rotary_emb, positions = rope
+        new_token = NewToken(
+            k.view(n, num_kv_heads, head_dim)[:rows],
+            v.view(n, num_kv_heads, head_dim)[:rows],
+            positions[:rows],
+            rotary_emb.cos_sin_cache,
+            ctx.attn.slot_mapping[:rows],
+            norm,
+        )
+        return self._attention(q, layer_idx, ctx, new_token)
+
     def attend(self, q: torch.Tensor, layer_idx: int, ctx: ForwardContext) -> torch.Tensor:
+        return self._attention(q, layer_idx, ctx)
+
+    def _attention(
+        self,
+        q: torch.Tensor,
+        layer_idx: int,
+        ctx: ForwardContext,
+        new_token: NewToken | None = None,
+    ) -> torch.Tensor:
+        """``attend``; with ``new_token`` (decode-only forwards), q is raw and the decode
+        kernel norms, rotates and stores the new tokens first."""
         attn = ctx.attn
         k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -72,6 +132,7 @@ class TritonAttentionBackend(StoredKVBackend):
                 scale,
                 self.num_kv_splits(rows, num_kv_heads, q.device),
                 out=out[:rows],
+                new_token=new_token,
             )
             real_tokens = rows
         else:
