@@ -34,7 +34,7 @@ from tokenspeed_aio.model.cuda_graph import DecodeRows
 
 # Substrings of kernel names -> the category a step's time is reported under.
 CATEGORIES = (
-    ("attention", ("_decode_split", "_decode_reduce", "decode")),
+    ("attention", ("_decode_split", "decode")),
     ("kv_write", ("kv_write",)),
     ("rmsnorm", ("rms_norm",)),
     ("rotary", ("rotary",)),

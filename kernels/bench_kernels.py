@@ -65,14 +65,16 @@ def paged_batch(batch: int, context: int):
 def bench_decode(batch: int, context: int, num_sms: int) -> dict:
     q, k_cache, v_cache, block_tables, seq_lens = paged_batch(batch, context)
     out = torch.empty_like(q)
+    counters = torch.zeros(batch * NUM_KV_HEADS, dtype=torch.int32, device="cuda")  # kept zero
     itemsize = q.element_size()
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * itemsize
     bytes_moved = kv_bytes + 2 * q.numel() * itemsize + block_tables.numel() * 4
 
     def fn(splits: int):
         return lambda: decode_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, HEAD_DIM**-0.5, splits, out=out
-        )
+            q, k_cache, v_cache, block_tables, seq_lens, HEAD_DIM**-0.5, splits, out=out,
+            counters=counters,
+        )  # fmt: skip
 
     def run(splits: int) -> float:
         fn(splits)()  # compile outside the timing

@@ -80,29 +80,36 @@ def test_decode_row_with_no_keys_gives_zeros(splits):
 
 
 def test_decode_single_split_equals_the_merge_of_one_split():
-    # One split skips the reduce kernel; merging a single split is exact, so the two paths
-    # give the same bits.
-    from tokenspeed_kernels.decode_attention import _decode_reduce_kernel
-
+    # One split writes the output directly; merging a single split is exact, so the two paths
+    # give the same bits. The merging program zeroes the counters it used.
     batch = _decode_batch([0, 130, 399], group=4, dtype=torch.bfloat16, seed=4)
     direct = _run(batch, num_kv_splits=1)[0]
     q = batch.q
     mid_o = torch.empty(*q.shape[:2], 1, q.shape[2], dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(*q.shape[:2], 1, dtype=torch.float32, device=q.device)
     merged = torch.empty_like(q)
+    counters = torch.zeros(3 * 2, dtype=torch.int32, device=q.device)
     _decode_split_kernel[(3, 2, 1)](
         q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, mid_o, mid_lse,
-        merged, 0.125 * 1.4426950408889634, 1, merged.stride(0), merged.stride(1),
+        merged, counters, 0.125 * 1.4426950408889634, 1, merged.stride(0), merged.stride(1),
         q.stride(0), q.stride(1), *batch.k_cache.stride()[:3], *batch.v_cache.stride()[:3],
         batch.block_tables.stride(0), *_new_token_args(q, batch.k_cache, batch.v_cache, None),
         GROUP=4, BLOCK_H=16, HEAD_DIM=64, BLOCK_D=64, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
-        NEW_TOKEN=False, QK_NORM=False, PRECISE=False,
-    )  # fmt: skip
-    _decode_reduce_kernel[(3, 8)](
-        mid_o, mid_lse, batch.seq_lens, merged, 1, merged.stride(0), merged.stride(1),
-        HEAD_DIM=64, BLOCK_D=64, BLOCK_N=64,
+        BLOCK_G=4, BLOCK_S=MAX_KV_SPLITS, NEW_TOKEN=False, QK_NORM=False, PRECISE=False,
     )  # fmt: skip
     assert torch.equal(direct, merged)
+    assert not counters.any()
+
+
+def test_decode_leaves_a_callers_counters_zero_for_the_next_launch():
+    batch = _decode_batch([0, 130, 399], group=4, seed=5)
+    counters = torch.zeros(16, dtype=torch.int32, device=batch.q.device)
+    expected = _run(batch, num_kv_splits=3)[0]
+    for _ in range(2):
+        out = decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
+                               batch.seq_lens, 0.125, 3, counters=counters)  # fmt: skip
+        assert torch.equal(out, expected)
+        assert not counters.any()
 
 
 def test_decode_reads_strided_queries_and_writes_into_out():

@@ -19,9 +19,18 @@ Splits: each row's keys are cut into ``num_kv_splits`` chunks of equal length, r
     keys: |<- split 0 ->|<- split 1 ->| ... |<- last used split, may be short ->|  (idle splits)
           0           chunk        2*chunk                                   seq_len
 
-Each split writes its normalized partial output and log-sum-exp; the reduce kernel merges the
-splits a row used. With one split (large batches) the split kernel writes the output itself
-and there is no reduce launch: merging one split is the identity, so results are the same. ``num_kv_splits`` is a plain (unspecialized) argument and the grid is
+Each split writes its normalized partial output and log-sum-exp, then counts itself done on
+its (row, KV head)'s counter; the split that finishes last merges the partials of the splits
+the row used, for the group's query heads, and zeroes the counter for the next launch. There
+is no second launch::
+
+    counters:     [>= B * num_kv_heads] int32, zero before the launch and zero after it
+
+Ordering: every thread's partials are stored before the count (a CTA barrier, then one
+acquire-release atomic at GPU scope); the merging program reads them after its own count, and
+through L2 (``.cg``). The merge weighs all splits at once, so its result does not depend on
+which split finishes last. With one split (large batches) the split kernel writes the output
+itself. ``num_kv_splits`` is a plain (unspecialized) argument and the grid is
 ``(B, num_kv_heads, num_kv_splits)``, so compiled kernels depend only on head_dim, page_size,
 group, dtype and block sizes, and the launch for one batch size is the same every step
 (CUDA-graph capturable, no host sync).
@@ -71,7 +80,7 @@ from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_he
 
 BLOCK_N = 64  # keys per tile
 MAX_KV_SPLITS = 32
-MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, reduce) than it saves
+MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, merge) than it saves
 _LOG2E = 1.4426950408889634
 
 
@@ -92,7 +101,8 @@ def _decode_split_kernel(
     Seq_lens,
     Mid_o,  # [B, num_q_heads, num_kv_splits, HEAD_DIM] fp32, normalized partial outputs
     Mid_lse,  # [B, num_q_heads, num_kv_splits] fp32, log2-sum-exp2 of the scaled scores
-    Out,  # written here instead of Mid_* when DIRECT (one split)
+    Out,
+    Counters,  # [>= B * num_kv_heads] int32, zero before and after the launch (module doc)
     scale_log2,  # softmax scale * log2(e): scores are exponentiated with exp2
     num_kv_splits,
     stride_ot,
@@ -127,6 +137,8 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two: the merge's head tile
+    BLOCK_S: tl.constexpr,  # MAX_KV_SPLITS: the merge's split tile, the same for every count
     NEW_TOKEN: tl.constexpr,  # Q is the raw query; norm, rotate and store first (module doc)
     QK_NORM: tl.constexpr,
     PRECISE: tl.constexpr,  # precise_math.PRECISE_MATH: NEW_TOKEN's products round alone
@@ -199,51 +211,46 @@ def _decode_split_kernel(
             tl.store(Mid_o + mid[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None],
                      mask=hd_mask)  # fmt: skip
             tl.store(Mid_lse + mid, m_i + tl.log2(l_i), mask=h_mask)
-    elif DIRECT:  # a row without keys (a graph's padding row): zeros, as the reduce writes
+            # Count this split done; the row's last one to finish merges (module doc).
+            tl.debug_barrier()  # every thread's partials stored before the count
+            counter = Counters + row * tl.num_programs(1) + kv_head
+            used = tl.cdiv(seq_len, chunk)  # splits [0, used) hold keys
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
+                tl.store(counter, 0)  # for the next launch, which the stream orders after this
+                _merge_splits(
+                    Mid_o, Mid_lse, Out, row, kv_head, used, num_kv_splits,
+                    stride_ot, stride_oh, offs_d, d_mask, GROUP, BLOCK_G, HEAD_DIM, BLOCK_S,
+                )  # fmt: skip
+    elif split == 0:  # a row without keys (a graph's padding row): zeros
         tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], Out.dtype.element_ty), mask=hd_mask)
 
 
-@triton.jit(do_not_specialize=["num_kv_splits"])
-def _decode_reduce_kernel(
-    Mid_o,
-    Mid_lse,
-    Seq_lens,
-    Out,
-    num_kv_splits,
-    stride_ot,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    row = tl.program_id(0)
-    head = tl.program_id(1)
-    num_q_heads = tl.num_programs(1)
-    seq_len = tl.load(Seq_lens + row)
-    # Same chunking as the split kernel: splits [0, used) ran and wrote their partials.
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
-    used = tl.cdiv(seq_len, chunk)
-
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    base = (row.to(tl.int64) * num_q_heads + head) * num_kv_splits
-    m = float("-inf")
-    denom = 0.0
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for split in range(0, used):
-        lse = tl.load(Mid_lse + base + split)
-        o = tl.load(Mid_o + (base + split) * HEAD_DIM + offs_d, mask=d_mask, other=0.0)
-        m_new = tl.maximum(m, lse)
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
-        acc = acc * alpha + w * o
-        denom = denom * alpha + w
-        m = m_new
-    out = acc / tl.maximum(denom, 1e-30)  # denom == 0 only for an empty row: write zeros
+@triton.jit
+def _merge_splits(
+    Mid_o, Mid_lse, Out, row, kv_head, used, num_kv_splits, stride_ot, stride_oh, offs_d, d_mask,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """The outputs of ``kv_head``'s GROUP query heads on ``row``: the partials of splits
+    [0, used), weighted by their log-sum-exp, all in one load. Read through L2 (``.cg``):
+    other programs wrote them during this launch."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_s = tl.arange(0, BLOCK_S)
+    heads = kv_head * GROUP + offs_g
+    num_q_heads = tl.num_programs(1) * GROUP
+    mid = ((row.to(tl.int64) * num_q_heads + heads) * num_kv_splits)[:, None] + offs_s[None, :]
+    gs_mask = (offs_g < GROUP)[:, None] & (offs_s < used)[None, :]
+    lse = tl.load(Mid_lse + mid, mask=gs_mask, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(
+        Mid_o + mid[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+        mask=gs_mask[:, :, None] & d_mask[None, None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    w = tl.exp2(lse - tl.max(lse, 1)[:, None])  # [G, S]; 0 for splits past ``used``
+    out = tl.sum(w[:, :, None] * o, 1) / tl.sum(w, 1)[:, None]
+    out_ptrs = Out + row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(
-        Out + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
-        out.to(Out.dtype.element_ty),
-        mask=d_mask,
+        out_ptrs, out.to(Out.dtype.element_ty), mask=(offs_g < GROUP)[:, None] & d_mask[None, :]
     )
 
 
@@ -298,6 +305,7 @@ def decode_attention(
     num_kv_splits: int,
     out: torch.Tensor | None = None,
     new_token: NewToken | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attend each row's single query to its ``seq_lens[b]`` cached keys (layout: module doc).
 
@@ -305,19 +313,25 @@ def decode_attention(
     :func:`num_kv_splits_for`); ``out`` may be given to write in place. With ``new_token``, q
     is the raw query and the rows' new keys are not yet in the cache: the kernel norms and
     rotates q and k and stores k and v first (module doc); q and new_token's tensors are
-    only read.
+    only read. ``counters`` (int32, zero, at least B * num_kv_heads entries, left zero) is
+    the split merge's; a caller that replays the launch from a CUDA graph keeps one across
+    launches, by default each call makes one.
     """
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads"
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    assert 1 <= num_kv_splits <= MAX_KV_SPLITS, f"num_kv_splits must be in [1, {MAX_KV_SPLITS}]"
     group = num_q_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     direct = num_kv_splits == 1
     if direct:  # no partials: the split kernel writes out
-        mid_o = mid_lse = out
+        mid_o = mid_lse = counters = out
     else:
+        if counters is None:
+            counters = torch.zeros(batch * num_kv_heads, dtype=torch.int32, device=q.device)
+        assert counters.dtype == torch.int32 and counters.numel() >= batch * num_kv_heads
         mid_o = torch.empty(
             (batch, num_q_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device
         )
@@ -328,20 +342,17 @@ def decode_attention(
     # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
     block_h = max(16, triton.next_power_of_2(group))
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, counters,
         scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), *_new_token_args(q, k_cache, v_cache, new_token),
         GROUP=group, BLOCK_H=block_h, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        PAGE_SIZE=page_size, BLOCK_N=BLOCK_N, DIRECT=direct, NEW_TOKEN=new_token is not None,
+        PAGE_SIZE=page_size, BLOCK_N=BLOCK_N, DIRECT=direct,
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_S=MAX_KV_SPLITS,
+        NEW_TOKEN=new_token is not None,
         QK_NORM=new_token is not None and new_token.qk_norm is not None,
         PRECISE=precise_math.PRECISE_MATH, num_warps=4, num_stages=2,
     )  # fmt: skip
-    if not direct:
-        _decode_reduce_kernel[(batch, num_q_heads)](
-            mid_o, mid_lse, seq_lens, out, num_kv_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N, num_warps=4,
-        )  # fmt: skip
     return out

@@ -9,13 +9,13 @@ from the paged cache.
 A decode-only forward whose RoPE covers whole heads (of a power-of-two head_dim, with q/k norms
 of one eps if any) skips the first launch: ``decode_attention``'s new-token prologue norms and
 rotates q and k and stores k/v itself (``NewToken``), so the layer's attention is the split
-kernel (and the reduce, with several splits). q and k then stay raw in memory; nothing reads
-them after the attention.
+kernel alone. q and k then stay raw in memory; nothing reads them after the attention.
 
 CUDA-graph contract for decode: nothing here reads a device value on the host. The launch
 depends only on host ints (tensor shapes, the batch's row count) and on the number of KV
 splits, a function of the batch size fixed at construction, so replaying a captured batch
-size launches exactly what was captured.
+size launches exactly what was captured. The split merge's counters are one buffer the backend
+keeps for its lifetime (every launch leaves it zero), so captured launches find it zeroed.
 """
 
 from __future__ import annotations
@@ -51,6 +51,17 @@ class TritonAttentionBackend(StoredKVBackend):
         self.max_model_len = max_model_len
         self._num_sms: int | None = None
         self._splits: dict[tuple[int, int], int] = {}  # (batch size, kv heads) -> splits
+        self._counters: torch.Tensor | None = None  # decode_attention's, kept zero
+
+    def merge_counters(self, device: torch.device) -> torch.Tensor:
+        """``decode_attention``'s split-merge counters: one zeroed int32 buffer that every
+        launch reuses and leaves zero. A batch splits its keys only while rows * kv heads <
+        2 * SMs (``num_kv_splits_for``), so that many entries serve every batch, and the
+        buffer never moves under a captured graph."""
+        if self._counters is None:
+            assert self._num_sms is not None, "sized from num_kv_splits' SM count"
+            self._counters = torch.zeros(2 * self._num_sms, dtype=torch.int32, device=device)
+        return self._counters
 
     def num_kv_splits(self, batch_size: int, num_kv_heads: int, device: torch.device) -> int:
         """Decode split count for a batch size (a host function of host ints, memoized)."""
@@ -133,6 +144,7 @@ class TritonAttentionBackend(StoredKVBackend):
                 self.num_kv_splits(rows, num_kv_heads, q.device),
                 out=out[:rows],
                 new_token=new_token,
+                counters=self.merge_counters(q.device),
             )
             real_tokens = rows
         else:
