@@ -24,6 +24,18 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
         torch.testing.assert_close(actual.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+def assert_equal_unless_normed_on_gpu(
+    actual: torch.Tensor, expected: torch.Tensor, normed: bool
+) -> None:
+    """Bitwise equal; with q/k norms on a GPU only close: there a fused norm's sum of squares
+    may add in another order than the unfused one's (``rotary``'s module doc), an ulp of a
+    normed value and then of what is computed from it."""
+    if normed and actual.is_cuda:
+        assert_close(actual, expected)
+    else:
+        assert torch.equal(actual, expected)
+
+
 @dataclass
 class PagedBatch:
     q: torch.Tensor  # [num_tokens, Hq, D]; the last token is padding when pad=True
