@@ -58,6 +58,8 @@ def _run(batch, num_kv_splits, scale=0.125):
         (4, 1, 128, torch.bfloat16),
         (8, 16, 64, torch.bfloat16),
         (4, 16, 64, torch.float16),
+        (3, 16, 64, torch.float32),  # groups that are not a power of two: padded merge tiles
+        (6, 16, 128, torch.bfloat16),
     ],
 )
 def test_decode_matches_reference(group, page_size, head_dim, dtype):
@@ -73,6 +75,13 @@ def test_decode_result_does_not_depend_on_split_count():
     outs = [_run(batch, num_kv_splits=s)[0] for s in (1, 3, 7)]
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_decode_merges_every_split_of_a_row():
+    # 2048 keys in 32 splits of one 64-key tile each: the merge's whole split tile is used.
+    batch = _decode_batch([2047, 700], group=2, seed=9)
+    out, ref = _run(batch, num_kv_splits=MAX_KV_SPLITS)
+    assert_close(out, ref)
 
 
 @pytest.mark.parametrize("splits", [1, 2])  # 1: the split kernel writes the output itself
