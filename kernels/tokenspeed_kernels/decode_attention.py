@@ -238,8 +238,10 @@ def _merge_splits(
     heads = kv_head * GROUP + offs_g
     num_q_heads = tl.num_programs(1) * GROUP
     mid = ((row.to(tl.int64) * num_q_heads + heads) * num_kv_splits)[:, None] + offs_s[None, :]
-    gs_mask = (offs_g < GROUP)[:, None] & (offs_s < used)[None, :]
+    head_ok = offs_g < GROUP  # BLOCK_G pads a group that is not a power of two
+    gs_mask = head_ok[:, None] & (offs_s < used)[None, :]
     lse = tl.load(Mid_lse + mid, mask=gs_mask, other=float("-inf"), cache_modifier=".cg")
+    lse = tl.where(head_ok[:, None], lse, 0.0)  # padding heads: finite, and stored nowhere
     o = tl.load(
         Mid_o + mid[:, :, None] * HEAD_DIM + offs_d[None, None, :],
         mask=gs_mask[:, :, None] & d_mask[None, None, :],
@@ -249,9 +251,7 @@ def _merge_splits(
     w = tl.exp2(lse - tl.max(lse, 1)[:, None])  # [G, S]; 0 for splits past ``used``
     out = tl.sum(w[:, :, None] * o, 1) / tl.sum(w, 1)[:, None]
     out_ptrs = Out + row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(
-        out_ptrs, out.to(Out.dtype.element_ty), mask=(offs_g < GROUP)[:, None] & d_mask[None, :]
-    )
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=head_ok[:, None] & d_mask[None, :])
 
 
 def folds_new_token(head_dim: int) -> bool:
