@@ -53,29 +53,32 @@ class TritonAttentionBackend(StoredKVBackend):
         self._splits: dict[tuple[int, int], int] = {}  # (batch size, kv heads) -> splits
         self._counters: torch.Tensor | None = None  # decode_attention's, kept zero
 
+    def _sm_count(self, device: torch.device) -> int:
+        """The device's SM count (1 on CPU, Triton's interpreter: nothing to fill), read once."""
+        if self._num_sms is None:
+            self._num_sms = (
+                torch.cuda.get_device_properties(device).multi_processor_count
+                if device.type == "cuda"
+                else 1
+            )
+        return self._num_sms
+
     def merge_counters(self, device: torch.device) -> torch.Tensor:
         """``decode_attention``'s split-merge counters: one zeroed int32 buffer that every
         launch reuses and leaves zero. A batch splits its keys only while rows * kv heads <
         2 * SMs (``num_kv_splits_for``), so that many entries serve every batch, and the
         buffer never moves under a captured graph."""
         if self._counters is None:
-            assert self._num_sms is not None, "sized from num_kv_splits' SM count"
-            self._counters = torch.zeros(2 * self._num_sms, dtype=torch.int32, device=device)
+            entries = 2 * self._sm_count(device)
+            self._counters = torch.zeros(entries, dtype=torch.int32, device=device)
         return self._counters
 
     def num_kv_splits(self, batch_size: int, num_kv_heads: int, device: torch.device) -> int:
         """Decode split count for a batch size (a host function of host ints, memoized)."""
         key = (batch_size, num_kv_heads)
         if key not in self._splits:
-            if self._num_sms is None:
-                # On CPU (Triton's interpreter) there is nothing to fill: one split.
-                self._num_sms = (
-                    torch.cuda.get_device_properties(device).multi_processor_count
-                    if device.type == "cuda"
-                    else 1
-                )
             self._splits[key] = num_kv_splits_for(
-                batch_size, num_kv_heads, self.max_model_len, self._num_sms
+                batch_size, num_kv_heads, self.max_model_len, self._sm_count(device)
             )
         return self._splits[key]
 
