@@ -43,8 +43,10 @@ def test_gemv_of_a_row_cut_from_a_wider_tensor():
 
 
 @pytest.mark.parametrize("config", [(4, 256, 4, 1), (16, 1024, 8, 3)])
-def test_gemv_tile_configs_agree(config):
-    x, weight, _ = _operands(96, 700, torch.float32, False, seed=1)
+@pytest.mark.parametrize("k", [700, 2048], ids=["masked", "tiles_divide"])
+def test_gemv_tile_configs_agree(config, k):
+    # 2048: both configs' tiles divide [96, k], so the weight loads go unmasked (EVEN)
+    x, weight, _ = _operands(96, k, torch.float32, False, seed=1)
     assert_close(gemv(x, weight, config=config), F.linear(x, weight))
 
 
@@ -113,6 +115,26 @@ def test_norm_gemv_is_the_norm_then_the_product(dtype, residual, silu_mul, two_p
         assert h.data_ptr() not in (x.data_ptr(), r.data_ptr())
     else:
         assert h is x
+
+
+@pytest.mark.parametrize("norm", [None, "one_pass", "two_pass"])
+@pytest.mark.parametrize("silu_mul", [False, True], ids=["plain", "silu_mul"])
+def test_unmasked_tiles_compute_what_masked_tiles_do(norm, silu_mul):
+    """Where the tiles divide the weight its loads go unmasked (``EVEN``); the same rows in a
+    weight with one more feature per half (a masked last program) give the same bits."""
+    x, r, norm_weight, weight = _norm_operands(2 * 40, 256, torch.bfloat16, True, seed=5)
+    halves = weight.view(2, 40, 256) if silu_mul else weight.view(1, 80, 256)
+    extra = torch.randn(halves.shape[0], 1, 256).to(DEVICE, torch.bfloat16)
+    wider = torch.cat([halves, extra], dim=1).reshape(-1, 256)
+    n = halves.shape[1]
+
+    def product(w):
+        if norm is None:
+            return gemv(x, w, config=(4, 128, 4, 1), silu_mul=silu_mul)
+        config = (4, 128, 4, 1, norm == "two_pass")
+        return norm_gemv(x, r, norm_weight, 1e-5, w, config=config, silu_mul=silu_mul)[0]
+
+    assert torch.equal(product(weight), product(wider)[:, :n])
 
 
 @pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "two_pass"])

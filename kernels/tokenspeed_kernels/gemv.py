@@ -44,6 +44,16 @@ for another. Two prologues, a constexpr of the config:
 
 ``kernels/bench_gemv.py --norm`` measures both against the norm kernel + ``gemv``.
 
+Every launch is a programmatic dependent launch where the GPU has one (``pdl.py``): a
+product's programs may be resident while the kernel before it in the stream finishes. Each
+program loads its first weight tile before ``pdl.wait_prior`` -- no kernel writes a weight --
+and everything else after it, so one product's first weight reads overlap the tail of the
+product before it; the two-pass prologue, whose first loop reads h, waits first. On the H200
+that took ~0.06 ms off a batch-1 Qwen3-8B or Llama-3-8B decode step (docs/performance.md).
+Tiles that divide the weight (``EVEN``) load unmasked: masked, the tile held across the wait
+cost registers (Qwen3's gate_up with its norm, 168 -> 254 per thread), and with them a
+program per SM, which lost more than the overlap won.
+
 ``norm_gemv_rope_kv`` is ``norm_gemv`` of a decoder layer's qkv projection for one token with
 ``rotary.apply_rotary(..., kv_store=...)`` as its epilogue (whole heads rotate)::
 
@@ -75,7 +85,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import precise_math
+from tokenspeed_kernels import pdl, precise_math
 from tokenspeed_kernels.activation import silu_mul
 from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
@@ -91,13 +101,55 @@ def _load_h(X, Residual, offs, mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def _load_weight(ptrs, mask, EVEN: tl.constexpr):
+    """A weight tile, masked unless EVEN: the tiles divide the weight, and unmasked loads
+    keep the tile that ``_products`` loads before ``pdl.wait_prior`` to its own registers
+    (masked, the kernel with PDL grew from 168 to 254 registers on sm_90)."""
+    if EVEN:
+        w = tl.load(ptrs)
+    else:
+        w = tl.load(ptrs, mask=mask, other=0.0)
+    return w
+
+
+@triton.jit
+def _accumulate(
+    w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
+    PAIRED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr,
+):  # fmt: skip
+    """One BLOCK_K step of ``_products``: the weight tiles ``w`` (and ``w_b``) at ``k0`` times
+    that slice of x (the normed h with NORM)."""
+    mask_k = (k0 + offs_k) < K
+    if NORM:
+        h = _load_h(X, Residual, k0 + offs_k, mask_k, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            tl.store(ResidualOut + k0 + offs_k, h, mask=(k0 + offs_k) < h_end)
+        hf = h.to(tl.float32)
+        g = tl.load(NormW + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        if TWO_PASS:  # the norm kernel's roundings
+            normed = (hf * rstd).to(X.dtype.element_ty).to(tl.float32)
+            x = (g * normed).to(X.dtype.element_ty).to(tl.float32)
+        else:  # scaled by rstd after the loop
+            sum_sq += hf * hf
+            x = g * hf
+    else:
+        x = tl.load(X + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if PAIRED:
+        acc_b += tl.sum(w_b.to(tl.float32) * x[None, :], axis=1)
+    return acc, acc_b, sum_sq
+
+
+@triton.jit
 def _products(
     X, W, Bias, Residual, NormW, ResidualOut, rows, rows_b, mask_n, K, stride_wn, eps, writes_h,
     BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PAIRED: tl.constexpr, NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PDL: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """fp32 ``x . W[rows] + bias[rows]`` (x: the normed h with NORM, module doc), and the same
-    for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h."""
+    for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h. Only the weight, which
+    no kernel writes, is read before ``pdl.wait_prior``: the first tile, except with the
+    two-pass prologue, whose first loop reads h (module doc)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = W + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     b_ptrs = W + rows_b.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
@@ -105,33 +157,37 @@ def _products(
     acc_b = tl.zeros(rows.shape, dtype=tl.float32)
     sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)  # of h, lane by lane
     h_end = tl.where(writes_h, K, 0)
-    if NORM and TWO_PASS:
+    peeled: tl.constexpr = not (NORM and TWO_PASS)
+    if peeled:
+        w_mask = mask_n[:, None] & (offs_k < K)[None, :]
+        w = _load_weight(w_ptrs, w_mask, EVEN)
+        w_b = w
+        if PAIRED:
+            w_b = _load_weight(b_ptrs, w_mask, EVEN)
+    pdl.wait_prior(PDL)
+    rstd = 1.0  # the two-pass prologue's, known before its product loop
+    start = 0
+    if peeled:
+        acc, acc_b, sum_sq = _accumulate(
+            w, w_b, 0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
+            h_end, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS,
+        )  # fmt: skip
+        start = BLOCK_K
+    else:
         for k0 in range(0, K, BLOCK_K):
             h = _load_h(X, Residual, k0 + offs_k, (k0 + offs_k) < K, HAS_RESIDUAL).to(tl.float32)
             sum_sq += h * h
         rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = (k0 + offs_k) < K
-        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+    for k0 in range(start, K, BLOCK_K):
+        w_mask = mask_n[:, None] & ((k0 + offs_k) < K)[None, :]
+        w = _load_weight(w_ptrs + k0, w_mask, EVEN)
+        w_b = w
         if PAIRED:
-            w_b = tl.load(b_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        if NORM:
-            h = _load_h(X, Residual, k0 + offs_k, mask_k, HAS_RESIDUAL)
-            if HAS_RESIDUAL:
-                tl.store(ResidualOut + k0 + offs_k, h, mask=(k0 + offs_k) < h_end)
-            hf = h.to(tl.float32)
-            g = tl.load(NormW + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            if TWO_PASS:  # the norm kernel's roundings
-                normed = (hf * rstd).to(X.dtype.element_ty).to(tl.float32)
-                x = (g * normed).to(X.dtype.element_ty).to(tl.float32)
-            else:  # scaled by rstd after the loop
-                sum_sq += hf * hf
-                x = g * hf
-        else:
-            x = tl.load(X + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        if PAIRED:
-            acc_b += tl.sum(w_b.to(tl.float32) * x[None, :], axis=1)
+            w_b = _load_weight(b_ptrs + k0, w_mask, EVEN)
+        acc, acc_b, sum_sq = _accumulate(
+            w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
+            h_end, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS,
+        )  # fmt: skip
     if NORM and not TWO_PASS:
         rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
         acc *= rstd
@@ -164,13 +220,15 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr,
     TWO_PASS: tl.constexpr,
     PRECISE: tl.constexpr,
+    PDL: tl.constexpr,
+    EVEN: tl.constexpr,  # BLOCK_N divides N and BLOCK_K divides K
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     acc, acc_up = _products(
         X, W, Bias, Residual, NormW, ResidualOut, offs_n, offs_n + N, mask_n, K, stride_wn, eps,
-        pid == 0, BLOCK_K, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, TWO_PASS,
+        pid == 0, BLOCK_K, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, TWO_PASS, PDL, EVEN,
     )  # fmt: skip
     y = acc.to(Y.dtype.element_ty)
     if SILU_MUL:
@@ -193,7 +251,8 @@ def _gemv_rope_kv_kernel(
     K, stride_wn, stride_cs, stride_slot, eps,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr,
+    EVEN: tl.constexpr,  # BLOCK_HALF divides HALF and BLOCK_K divides K
 ):  # fmt: skip
     pid = tl.program_id(0)
     per_head = (HALF + BLOCK_HALF - 1) // BLOCK_HALF  # programs
@@ -203,7 +262,7 @@ def _gemv_rope_kv_kernel(
     rows = head * (2 * HALF) + offs
     acc1, acc2 = _products(
         X, W, Bias, Residual, NormW, ResidualOut, rows, rows + HALF, mask, K, stride_wn, eps,
-        pid == 0, BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS,
+        pid == 0, BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS, PDL, EVEN,
     )  # fmt: skip
     x1 = acc1.to(Q.dtype.element_ty)  # the product's rounding, as gemv's output
     x2 = acc2.to(Q.dtype.element_ty)
@@ -308,7 +367,8 @@ def _launch(
         n, x.shape[1], weight.stride(0), eps,
         BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, TWO_PASS=two_pass,
-        PRECISE=precise_math.PRECISE_MATH, num_warps=num_warps, num_stages=num_stages,
+        PRECISE=precise_math.PRECISE_MATH, EVEN=n % block_n == 0 and x.shape[1] % block_k == 0,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
     )  # fmt: skip
     return y
 
@@ -392,6 +452,7 @@ def norm_gemv_rope_kv(
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, BLOCK_HALF=block_half,
         BLOCK_K=block_k, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         TWO_PASS=two_pass, PRECISE=precise_math.PRECISE_MATH,
-        num_warps=num_warps, num_stages=num_stages,
+        EVEN=half % block_half == 0 and k % block_k == 0,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
     )  # fmt: skip
     return q, h
