@@ -15,8 +15,9 @@ next layer's qkv).
 The rule a kernel that takes part keeps, so that any sequence of kernels -- these and others,
 whose launches are ordinary -- stays ordered as a plain stream orders it:
 
-- ``wait_prior`` (the wait, then the signal) comes before the first load of anything an
-  earlier kernel may have written and before the first store.
+- ``wait_prior`` (the wait, then the signal) comes before the first store and before the
+  first load of anything the kernel right ahead in the stream may write; only what no
+  kernel writes (a weight) is read before it.
 - The signal follows the wait, so at most one kernel waits behind a running one: the next
   kernel's programs become resident, the one after it does not until the next is running.
   It also means that when a kernel's programs start, every kernel before the one right
