@@ -15,39 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.bench.kernel_profile import kernel_breakdown, time_step, write_profile
 from tokenspeed_aio.bench.roofline import ModelBytes, measure_bandwidth, measure_matmul_peak
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.data_plane.device import build_device_side
 from tokenspeed_aio.data_plane.specs import RankInfo
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.cuda_graph import DecodeRows
-
-# Substrings of kernel names -> the category a step's time is reported under.
-CATEGORIES = (
-    ("attention", ("_decode_split", "decode")),
-    ("kv_write", ("kv_write",)),
-    ("rmsnorm", ("rms_norm",)),
-    ("rotary", ("rotary",)),
-    ("silu_and_mul", ("silu_and_mul",)),
-    ("gemm", ("gemm", "gemv", "nvjet", "sm90", "cutlass", "cublas", "splitK")),
-)
-
-
-def category(kernel: str) -> str:
-    for name, needles in CATEGORIES:
-        if any(n in kernel for n in needles):
-            return name
-    return "other"
 
 
 def decode_inputs(bs: int, context: int, page: int, width: int) -> DecodeRows:
@@ -77,52 +58,11 @@ def profile_batch(runner, bs: int, context: int, page: int, replays: int) -> dic
     def step():
         return graphs.replay(bs, rows)
 
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        step()
-    end.record()
-    end.synchronize()
-    step_ms = start.elapsed_time(end) / replays
-
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-    by_kernel: dict[str, float] = defaultdict(float)
-    marginal: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    prev_end = None
-    for evt in sorted(kernels, key=lambda e: e.time_range.end):
-        by_kernel[evt.name] += evt.device_time / 5 / 1e3  # ms per step
-        counts[evt.name] += 1
-        # What the kernel adds to the step: the time from the previous kernel's end to its
-        # own (a kernel that starts early and waits, as under programmatic dependent launch,
-        # has a duration that overstates it). A replay's first kernel also carries the host
-        # gap between this loop's replays.
-        if prev_end is not None:
-            marginal[evt.name] += (evt.time_range.end - prev_end) / 5 / 1e3
-        prev_end = evt.time_range.end
-    by_category: dict[str, float] = defaultdict(float)
-    for name, ms in by_kernel.items():
-        by_category[category(name)] += ms
-    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]
-    top_marginal = sorted(marginal.items(), key=lambda kv: -kv[1])[:20]
     return {
         "batch": bs,
         "context": context,
-        "step_ms": step_ms,
-        "kernels_per_step": sum(counts.values()) // 5,
-        "kernel_ms_per_step": sum(by_kernel.values()),
-        "by_category_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
-        "top_kernels_ms": [{"name": n[:120], "ms": ms, "calls": counts[n] // 5} for n, ms in top],
-        "top_marginal_ms": [
-            {"name": n[:120], "ms": ms, "calls": counts[n] // 5} for n, ms in top_marginal
-        ],
+        "step_ms": time_step(step, replays),
+        **kernel_breakdown(step),
     }
 
 
@@ -167,21 +107,7 @@ def main() -> None:
         r["step_over_roofline"] = r["step_ms"] / r["roofline_ms"]
         results.append(r)
         print(json.dumps(r, indent=1))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    doc = {
-        "shape": ns.shape,
-        "machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node()},
-        "torch": torch.__version__,
-        "commit": commit,
-        "bandwidth": bandwidth,
-        "matmul": matmul,
-        "results": results,
-    }
-    ns.out.parent.mkdir(parents=True, exist_ok=True)
-    ns.out.write_text(json.dumps(doc, indent=1))
-    print(f"raw JSON: {ns.out}")
+    write_profile(ns.out, ns.shape, results, bandwidth=bandwidth, matmul=matmul)
 
 
 if __name__ == "__main__":
