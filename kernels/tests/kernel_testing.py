@@ -125,6 +125,8 @@ def forward_context(batch: PagedBatch, backend, contexts, query_lens, num_layers
         slot_mapping=batch.slot_mapping,
         query_lens_host=tuple(query_lens),
         seq_lens_host=tuple(c + q for c, q in zip(contexts, query_lens)),
+        # The leading one-query rows, as the runner's decode rows come first.
+        num_decodes=next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens)),
     )
     k_caches = tuple(batch.k_cache.clone() for _ in range(num_layers))
     v_caches = tuple(batch.v_cache.clone() for _ in range(num_layers))

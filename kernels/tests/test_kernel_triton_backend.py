@@ -45,8 +45,23 @@ def test_triton_backend_decode_matches_torch_backend(pad):
     _compare([0, 9, 40, 130], [1, 1, 1, 1], pad=pad)
 
 
-def test_triton_backend_mixed_batch_matches_torch_backend():
-    _compare([5, 0, 33], [1, 20, 7], pad=True)
+@pytest.mark.parametrize(
+    "contexts,query_lens",
+    [
+        ([5, 0, 33], [1, 20, 7]),
+        # Three decode rows (the decode kernel, split) before two chunks (the extend kernel
+        # from row 3), one of them a one-token chunk.
+        ([9, 40, 130, 0, 33, 12], [1, 1, 1, 20, 7, 1]),
+    ],
+)
+def test_triton_backend_mixed_batch_matches_torch_backend(contexts, query_lens):
+    _compare(contexts, query_lens, pad=True)
+
+
+def test_triton_backend_mixed_batch_with_one_kv_split(monkeypatch):
+    # Many decode rows take one split (the decode kernel writes out itself).
+    monkeypatch.setattr(TritonAttentionBackend, "num_kv_splits", lambda *_: 1)
+    _compare([9, 40, 130, 0], [1, 1, 1, 20], pad=True)
 
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 20, 7]])

@@ -22,8 +22,8 @@ queries of one head of one row and walks the keys in two phases::
     full_hi = (context + first query of the block) rounded down to BLOCK_N
     kv_hi   = min(seq_len, context + last query of the block + 1)
 
-The grid is (num_q_heads, cdiv(max_query_len, BLOCK_M), B); programs past their row's
-queries exit, so compiled kernels depend only on head_dim, page_size, group, dtype and blocks.
+The grid is (num_q_heads, cdiv(max_query_len, BLOCK_M), B - row_start); programs past their
+row's queries exit, so compiled kernels depend only on head_dim, page_size, group, dtype and blocks.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ BLOCK_N = 64
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt", "row_start"])
 def _extend_kernel(
     Q,
     K_cache,
@@ -60,6 +60,7 @@ def _extend_kernel(
     stride_vp,
     stride_vh,
     stride_bt,
+    row_start,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -70,7 +71,7 @@ def _extend_kernel(
     head = tl.program_id(0)
     # The last query blocks of a row see the most keys: launch them first.
     m_block = tl.num_programs(1) - 1 - tl.program_id(1)
-    row = tl.program_id(2)
+    row = row_start + tl.program_id(2)
     q_start = tl.load(Query_start_loc + row)
     q_len = tl.load(Query_start_loc + row + 1) - q_start
     m_lo = m_block * BLOCK_M
@@ -126,10 +127,14 @@ def extend_attention(
     max_query_len: int,
     scale: float,
     out: torch.Tensor | None = None,
+    row_start: int = 0,
 ) -> torch.Tensor:
     """Causal attention of every row's new tokens over its cached keys (layout: module doc).
 
     ``max_query_len`` is a host int bounding every row's query count (it sizes the grid).
+    With ``row_start``, rows before it are left alone (their outputs unwritten): a caller
+    that attends a mixed batch's leading decode rows with ``decode_attention`` passes the
+    whole batch's tensors, so no view moves a pointer (Triton specializes on alignment).
     """
     _, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -137,8 +142,8 @@ def extend_attention(
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    batch = block_tables.shape[0]
-    if batch == 0 or max_query_len == 0:
+    batch = block_tables.shape[0] - row_start
+    if batch <= 0 or max_query_len == 0:
         return out
     grid = (num_q_heads, triton.cdiv(max_query_len, BLOCK_M), batch)
     _extend_kernel[grid](
@@ -147,7 +152,7 @@ def extend_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
+        block_tables.stride(0), row_start,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2,

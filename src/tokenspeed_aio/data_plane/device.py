@@ -218,6 +218,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         runner.capture_graphs(sorted(s for s in sizes if s <= args.max_num_seqs))
     if device.type == "cuda":
         runner.idle_forward()  # the eager decode path's warm-up
+        runner.warm_up_mixed(args.max_num_seqs)
         warm_up_sampling_kernel(config.vocab_size, dtype, device)
         if args.grammar_backend == "xgrammar":
             warm_up_bitmask_kernel(config.vocab_size, device)

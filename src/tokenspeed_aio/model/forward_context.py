@@ -46,6 +46,10 @@ class AttentionMetadata:
     # Host copies for backends that loop or pad on the host (the torch backend).
     query_lens_host: tuple[int, ...]
     seq_lens_host: tuple[int, ...]
+    # Leading rows of one query each whose token is a decode's (the runner's decode rows):
+    # in a mixed forward a backend may attend them with its decode kernel and the rest with
+    # its prefill kernel. 0: no row is known to be one (every row goes the prefill way).
+    num_decodes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,6 +150,7 @@ class ModelRunner:
             slot_mapping=smap,
             query_lens_host=tuple(host.query_lens.tolist()),
             seq_lens_host=tuple(host.seq_lens.tolist()),
+            num_decodes=host.num_decodes,
         )
         if self.backend.plans_on_host:
             self.backend.plan(host.query_lens, host.seq_lens, bt)
@@ -160,32 +161,55 @@ class ModelRunner:
         hidden = self.model(ids, pos, ctx)
         return self.model.compute_logits(hidden[lidx])
 
-    @torch.inference_mode()
     def idle_forward(self) -> None:
         """One dummy token on the null block that writes no KV (slot -1): the rank
         enters every collective of a forward without touching any request's state."""
-        one = torch.ones(1, dtype=torch.int32, device=self.device)
+        self._null_forward(num_decodes=1, chunk=0)
+
+    def warm_up_mixed(self, max_decodes: int) -> None:
+        """Compile, at startup, what a mixed forward launches: decode rows beside a prefill
+        chunk, at 1 and at ``max_decodes`` decode rows (a backend's decode kernel may take
+        another form for many rows, e.g. one KV split instead of several)."""
+        for decodes in sorted({1, max_decodes}):
+            self._null_forward(num_decodes=decodes, chunk=2)
+
+    @torch.inference_mode()
+    def _null_forward(self, num_decodes: int, chunk: int) -> None:
+        """A forward of ``num_decodes`` one-token decode rows and, if ``chunk``, a prefill
+        row of that many tokens, which read only the null block and write nothing (slot -1).
+        Built on the device alone: no host copy, so it may run while serving."""
+        rows = num_decodes + (1 if chunk else 0)
+        t = num_decodes + chunk
+        i32 = dict(dtype=torch.int32, device=self.device)
+        seq_lens = torch.cat(
+            [torch.ones(num_decodes, **i32), torch.full((rows - num_decodes,), chunk, **i32)]
+        )
+        qsl = torch.cat(
+            [torch.arange(num_decodes + 1, **i32), torch.full((rows - num_decodes,), t, **i32)]
+        )
+        lens = (1,) * num_decodes + ((chunk,) if chunk else ())
         meta = AttentionMetadata(
-            num_tokens=1,
-            num_rows=1,
-            max_query_len=1,
-            max_seq_len=1,
-            is_decode_only=True,
-            query_start_loc=torch.arange(2, dtype=torch.int32, device=self.device),
-            seq_lens=one,
-            context_lens=one - 1,
-            block_tables=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
-            slot_mapping=torch.full((1,), -1, dtype=torch.int64, device=self.device),
-            query_lens_host=(1,),
-            seq_lens_host=(1,),
+            num_tokens=t,
+            num_rows=rows,
+            max_query_len=max(lens),
+            max_seq_len=max(lens),
+            is_decode_only=not chunk,
+            query_start_loc=qsl,
+            seq_lens=seq_lens,
+            context_lens=torch.zeros(rows, **i32),
+            block_tables=torch.zeros(rows, 1, **i32),
+            slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=self.device),
+            query_lens_host=lens,
+            seq_lens_host=lens,
+            num_decodes=num_decodes,
         )
         if self.backend.plans_on_host:
-            self.backend.plan(
-                np.ones(1, np.int32), np.ones(1, np.int32), np.zeros((1, 1), np.int32)
-            )
+            host_lens = np.asarray(lens, np.int32)
+            self.backend.plan(host_lens, host_lens, np.zeros((rows, 1), np.int32))
         ctx = ForwardContext(meta, self.backend, self.k_caches, self.v_caches)
-        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self.model(zero, zero, ctx)
+        i64 = dict(dtype=torch.int64, device=self.device)
+        positions = torch.cat([torch.zeros(num_decodes, **i64), torch.arange(chunk, **i64)])
+        self.model(torch.zeros(t, **i64), positions, ctx)
 
     def _apply_row_state(self, rows: Sequence[ScheduledRow]) -> None:
         for row in rows:

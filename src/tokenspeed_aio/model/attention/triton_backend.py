@@ -4,7 +4,8 @@ Per layer: RoPE and the cache write (``kv_store.store_layer_kv``: one launch, or
 qkv product's epilogue) store the forward's k/v at ``slot_mapping``, then ``attend`` runs either
 ``decode_attention`` (every row has one query: split-KV, CUDA-graph capturable) or
 ``extend_attention`` (prefill chunks over a cached prefix, causal) reads everything back
-from the paged cache.
+from the paged cache; a mixed forward's leading decode rows (``AttentionMetadata.num_decodes``)
+go to ``decode_attention`` and the rest to ``extend_attention``.
 
 A decode-only forward whose RoPE covers whole heads (of a power-of-two head_dim, with q/k norms
 of one eps if any) skips the first launch: ``decode_attention``'s new-token prologue norms and
@@ -134,22 +135,26 @@ class TritonAttentionBackend(StoredKVBackend):
         q3 = q.view(num_tokens, -1, head_dim)
         out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
         scale = head_dim**-0.5
-        if attn.is_decode_only:
-            # One query per row: tokens [0, num_rows) are the rows' queries.
-            rows = attn.num_rows
+        # Decode rows -- every row of a decode-only forward, a mixed forward's leading
+        # ``num_decodes`` -- take the decode kernel, which reads each KV head once for its
+        # query group (the extend kernel would read it once per query head, in a 64-query
+        # tile); tokens [0, decodes) are their queries. The other rows take the extend kernel.
+        decodes = attn.num_rows if attn.is_decode_only else attn.num_decodes
+        if decodes:
             decode_attention(
-                q3[:rows],
+                q3[:decodes],
                 k_cache,
                 v_cache,
                 attn.block_tables,
                 attn.seq_lens,
                 scale,
-                self.num_kv_splits(rows, num_kv_heads, q.device),
-                out=out[:rows],
+                self.num_kv_splits(decodes, num_kv_heads, q.device),
+                out=out[:decodes],
                 new_token=new_token,
                 counters=self.merge_counters(q.device),
             )
-            real_tokens = rows
+        if attn.is_decode_only:
+            real_tokens = decodes
         else:
             extend_attention(
                 q3,
@@ -161,6 +166,7 @@ class TritonAttentionBackend(StoredKVBackend):
                 attn.max_query_len,
                 scale,
                 out=out,
+                row_start=decodes,
             )
             real_tokens = sum(attn.query_lens_host)
         if real_tokens < num_tokens:
