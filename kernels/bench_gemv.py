@@ -19,10 +19,11 @@ against the unfused pair: ``rmsnorm.fused_add_rms_norm`` then ``gemv`` with its 
 config. The best config, with its prologue, belongs in ``gemv.NORM_CONFIGS``.
 
 ``--rope-kv`` times the qkv projection of one token with RoPE and the KV-cache write as its
-epilogue (``gemv.norm_gemv_rope_kv``), sweeping BLOCK_HALF and the rest of the grid with both
+epilogue (``gemv_rope_kv.norm_gemv_rope_kv``), sweeping BLOCK_HALF and the rest of the grid with both
 prologues, against the unfused pair: ``norm_gemv`` with its ``NORM_CONFIGS`` entry, then
 ``rotary.apply_rotary`` with its ``kv_store``; also the fused kernel at its default config
-(``gemv.rope_kv_config``). The best config belongs in ``gemv.ROPE_KV_CONFIGS``.
+(``gemv_rope_kv.rope_kv_config``). The best config belongs in
+``gemv_rope_kv.ROPE_KV_CONFIGS``.
 """
 
 from __future__ import annotations
@@ -38,15 +39,8 @@ import triton
 import triton.testing
 from bench_kernels import copy_bandwidth, run_info
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.gemv import (
-    CONFIGS,
-    NORM_CONFIGS,
-    SILU_MUL_CONFIGS,
-    gemv,
-    norm_gemv,
-    norm_gemv_rope_kv,
-    rope_kv_config,
-)
+from tokenspeed_kernels.gemv import CONFIGS, NORM_CONFIGS, SILU_MUL_CONFIGS, gemv, norm_gemv
+from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv, rope_kv_config
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
 from tokenspeed_kernels.rotary import apply_rotary
 

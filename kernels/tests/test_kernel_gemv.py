@@ -3,14 +3,8 @@ import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, gpu_test
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.gemv import (
-    NORM_CONFIGS,
-    SILU_MUL_CONFIGS,
-    gemv,
-    norm_gemv,
-    norm_gemv_rope_kv,
-    rope_kv_config,
-)
+from tokenspeed_kernels.gemv import NORM_CONFIGS, SILU_MUL_CONFIGS, gemv, norm_gemv
+from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv, rope_kv_config
 from tokenspeed_kernels.reference import rms_norm_reference, silu_and_mul_reference
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
 from tokenspeed_kernels.rotary import apply_rotary

@@ -5,7 +5,8 @@ import pytest
 import torch
 from kernel_testing import DEVICE, gpu_test
 from tokenspeed_kernels import decode_attention, pdl, rms_norm
-from tokenspeed_kernels.gemv import gemv, norm_gemv, norm_gemv_rope_kv
+from tokenspeed_kernels.gemv import gemv, norm_gemv
+from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv
 from tokenspeed_kernels.sampling import greedy
 
 

@@ -54,29 +54,13 @@ Tiles that divide the weight (``EVEN``) load unmasked: masked, the tile held acr
 cost registers (Qwen3's gate_up with its norm, 168 -> 254 per thread), and with them a
 program per SM, which lost more than the overlap won.
 
-``norm_gemv_rope_kv`` is ``norm_gemv`` of a decoder layer's qkv projection for one token with
-``rotary.apply_rotary(..., kv_store=...)`` as its epilogue (whole heads rotate)::
-
-    weight: [(Hq + 2 Hkv) * D, K]: q heads, then k heads, then v heads, D rows each
-    positions, slot_mapping: [1] device tensors the kernel reads (CUDA-graph safe)
-    cos_sin_cache: [max_position, D] fp32; k/v_cache: [num_blocks, page_size, Hkv, D]
-    returns (q [1, Hq * D] rotated, h); the rotated k and the v go to the slot (-1: nowhere)
-
-A program owns ``BLOCK_HALF`` features of one head in both its halves, so RoPE's pairs are in
-its registers as silu_mul's gates and ups are::
-
-    head's rows:  [0 ........ D/2)[D/2 ........ D)
-    a program:      [j, j + BH)        [D/2 + j, D/2 + j + BH)
-
-Each product rounds to x's dtype (as ``gemv``'s y) and rotates in fp32 rounded as
-``rotary.py`` rounds it (no FMA): with the same tiles -- ``norm_gemv``'s BLOCK_N =
-BLOCK_HALF reads the same [BLOCK_HALF, BLOCK_K] tiles -- q and the caches equal
-``norm_gemv`` then ``apply_rotary`` bit for bit. ``bench_gemv.py --rope-kv`` times the two.
+``norm_gemv_rope_kv`` (``gemv_rope_kv.py``) is ``norm_gemv`` of a qkv projection with RoPE and
+the KV-cache write as its epilogue, built on this module's product loop.
 
 ``CONFIGS`` holds the tile shapes ``kernels/bench_gemv.py`` measured best on the H200 for the
 Llama-3-8B and Qwen3-8B projections; the model's layers use the kernel for those shapes only
-(``model/layers/linear.py``), cuBLAS elsewhere; likewise ``SILU_MUL_CONFIGS``,
-``NORM_CONFIGS`` and ``ROPE_KV_CONFIGS`` for the fused epilogues and prologue.
+(``model/layers/linear.py``), cuBLAS elsewhere; likewise ``SILU_MUL_CONFIGS`` and
+``NORM_CONFIGS`` for the fused epilogue and prologue.
 """
 
 from __future__ import annotations
@@ -87,7 +71,6 @@ import triton.language as tl
 
 from tokenspeed_kernels import pdl, precise_math
 from tokenspeed_kernels.activation import silu_mul
-from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
 
 @triton.jit
@@ -103,7 +86,7 @@ def _load_h(X, Residual, offs, mask, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def _load_weight(ptrs, mask, EVEN: tl.constexpr):
     """A weight tile, masked unless EVEN: the tiles divide the weight, and unmasked loads
-    keep the tile that ``_products`` loads before ``pdl.wait_prior`` to its own registers
+    keep the tile that ``products`` loads before ``pdl.wait_prior`` to its own registers
     (masked, the kernel with PDL grew from 168 to 254 registers on sm_90)."""
     if EVEN:
         w = tl.load(ptrs)
@@ -117,7 +100,7 @@ def _accumulate(
     w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
     PAIRED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_K step of ``_products``: the weight tiles ``w`` (and ``w_b``) at ``k0`` times
+    """One BLOCK_K step of ``products``: the weight tiles ``w`` (and ``w_b``) at ``k0`` times
     that slice of x (the normed h with NORM)."""
     mask_k = (k0 + offs_k) < K
     if NORM:
@@ -141,7 +124,7 @@ def _accumulate(
 
 
 @triton.jit
-def _products(
+def products(
     X, W, Bias, Residual, NormW, ResidualOut, rows, rows_b, mask_n, K, stride_wn, eps, writes_h,
     BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PAIRED: tl.constexpr, NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PDL: tl.constexpr, EVEN: tl.constexpr,
@@ -226,7 +209,7 @@ def _gemv_kernel(
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    acc, acc_up = _products(
+    acc, acc_up = products(
         X, W, Bias, Residual, NormW, ResidualOut, offs_n, offs_n + N, mask_n, K, stride_wn, eps,
         pid == 0, BLOCK_K, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, TWO_PASS, PDL, EVEN,
     )  # fmt: skip
@@ -234,51 +217,6 @@ def _gemv_kernel(
     if SILU_MUL:
         y = silu_mul(y, acc_up.to(Y.dtype.element_ty), PRECISE)
     tl.store(Y + offs_n, y, mask=mask_n)
-
-
-@triton.jit
-def _store_halves(ptr, x1, x2, offs, HALF: tl.constexpr, stores):
-    """x1 at ``ptr + offs`` and x2 HALF on, cast to ptr's dtype, if the scalar ``stores``."""
-    mask = offs < tl.where(stores, HALF, 0)  # (the interpreter can't AND a scalar into a mask)
-    tl.store(ptr + offs, x1.to(ptr.dtype.element_ty), mask=mask)
-    tl.store(ptr + offs + HALF, x2.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _gemv_rope_kv_kernel(
-    X, W, Bias, Q, Residual, NormW, ResidualOut,
-    Positions, Cos_sin, K_cache, V_cache, Slot_mapping,
-    K, stride_wn, stride_cs, stride_slot, eps,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr,
-    EVEN: tl.constexpr,  # BLOCK_HALF divides HALF and BLOCK_K divides K
-):  # fmt: skip
-    pid = tl.program_id(0)
-    per_head = (HALF + BLOCK_HALF - 1) // BLOCK_HALF  # programs
-    head = pid // per_head
-    offs = (pid % per_head) * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
-    mask = offs < HALF
-    rows = head * (2 * HALF) + offs
-    acc1, acc2 = _products(
-        X, W, Bias, Residual, NormW, ResidualOut, rows, rows + HALF, mask, K, stride_wn, eps,
-        pid == 0, BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS, PDL, EVEN,
-    )  # fmt: skip
-    x1 = acc1.to(Q.dtype.element_ty)  # the product's rounding, as gemv's output
-    x2 = acc2.to(Q.dtype.element_ty)
-    cos, sin = load_cos_sin(Cos_sin, tl.load(Positions), stride_cs, offs, HALF)
-    o1, o2 = rotate(x1, x2, cos, sin, PRECISE)
-    o1 = o1.to(Q.dtype.element_ty)
-    o2 = o2.to(Q.dtype.element_ty)
-    # Where the head goes: q heads rotated to Q; k heads rotated, v heads as they are, to the
-    # caches' slot (a padding token's slot -1: nowhere).
-    kv_head = head - NUM_Q_HEADS  # k heads [0, Hkv), then v heads [Hkv, 2 Hkv)
-    slot = tl.load(Slot_mapping)
-    in_slot = slot * stride_slot + (kv_head % NUM_KV_HEADS) * (2 * HALF)
-    is_k = (kv_head >= 0) & (kv_head < NUM_KV_HEADS)
-    _store_halves(Q + head * (2 * HALF), o1, o2, offs, HALF, kv_head < 0)
-    _store_halves(K_cache + in_slot, o1, o2, offs, HALF, (slot >= 0) & is_k)
-    _store_halves(V_cache + in_slot, x1, x2, offs, HALF, (slot >= 0) & (kv_head >= NUM_KV_HEADS))
 
 
 # (N, K) -> (BLOCK_N, BLOCK_K, num_warps, num_stages): the best of bench_gemv.py's grid on one
@@ -312,26 +250,8 @@ NORM_CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, bool]] = {
 }
 NORM_DEFAULT = (*DEFAULT, False)
 
-# ``norm_gemv_rope_kv``: (N, K) -> (BLOCK_HALF, BLOCK_K, num_warps, num_stages, two_pass),
-# BLOCK_HALF the features of one half of one head (a program reads 2 * BLOCK_HALF rows).
-# Entries come from ``bench_gemv.py --rope-kv`` on the H200 (bench/results/
-# gemv-rope-kv-h200-session5.json), against ``norm_gemv`` + ``apply_rotary(kv_store=...)``.
-ROPE_KV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, bool]] = {
-    (6144, 4096): (8, 1024, 4, 1, True),  # Llama-3-8B qkv (32 + 2 x 8 heads of 128): 16.3 vs 18.7
-}
 
-
-def rope_kv_config(n: int, k: int) -> tuple[int, int, int, int, bool]:
-    """``norm_gemv_rope_kv``'s config for an [n, k] qkv weight: its ROPE_KV_CONFIGS entry, else
-    the plain product's NORM_CONFIGS entry (or NORM_DEFAULT) with the same rows per program
-    (BLOCK_HALF = BLOCK_N / 2) and its BLOCK_K, warps, stages and prologue."""
-    if (n, k) in ROPE_KV_CONFIGS:
-        return ROPE_KV_CONFIGS[(n, k)]
-    block_n, *rest = NORM_CONFIGS.get((n, k, False), NORM_DEFAULT)
-    return (block_n // 2, *rest)
-
-
-def _pointer_args(x, weight, bias, y, norm_weight, residual, h) -> tuple:
+def pointer_args(x, weight, bias, y, norm_weight, residual, h) -> tuple:
     """The kernels' first seven arguments, the operand itself standing in for an absent one
     (its constexpr keeps it unread)."""
     assert x.shape[0] == 1 and weight.shape[1] == x.shape[1]
@@ -363,7 +283,7 @@ def _launch(
     block_n, block_k, num_warps, num_stages = tiles
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        *_pointer_args(x, weight, bias, y, norm_weight, residual, h),
+        *pointer_args(x, weight, bias, y, norm_weight, residual, h),
         n, x.shape[1], weight.stride(0), eps,
         BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, TWO_PASS=two_pass,
@@ -373,7 +293,7 @@ def _launch(
     return y
 
 
-def _norm_output(x, residual, norm_weight) -> torch.Tensor:
+def norm_output(x, residual, norm_weight) -> torch.Tensor:
     """h's buffer (x itself without residual) after checking the prologue's operands."""
     assert norm_weight.shape == (x.shape[1],) and norm_weight.is_contiguous()
     if residual is None:
@@ -409,50 +329,7 @@ def norm_gemv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gemv(rms_norm(h), weight, bias, silu_mul=silu_mul), h)`` with ``h = x + residual``
     (``x`` when residual is None), in one launch (layout and the two prologues: module doc)."""
-    h = _norm_output(x, residual, norm_weight)
+    h = norm_output(x, residual, norm_weight)
     *tiles, two_pass = config or NORM_CONFIGS.get((*weight.shape, silu_mul), NORM_DEFAULT)
     y = _launch(x, weight, bias, tiles, silu_mul, norm_weight, residual, h, eps, two_pass)
     return y, h
-
-
-def norm_gemv_rope_kv(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    config: tuple[int, int, int, int, bool] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``norm_gemv`` of a qkv projection followed by ``rotary.apply_rotary`` with its
-    ``kv_store``, in one launch: returns (q [1, Hq * D] rotated, h) and writes the token's
-    rotated k and its v at ``slot_mapping[0]`` of the caches (layout: module doc)."""
-    h = _norm_output(x, residual, norm_weight)
-    _, _, num_kv_heads, head_dim = k_cache.shape
-    rows, k = weight.shape
-    num_q_heads = rows // head_dim - 2 * num_kv_heads
-    assert num_q_heads > 0 and rows == (num_q_heads + 2 * num_kv_heads) * head_dim
-    assert cos_sin_cache.shape[1] == head_dim and head_dim % 2 == 0, "RoPE on whole heads"
-    assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1
-    assert positions.numel() == 1 and slot_mapping.numel() == 1
-    assert v_cache.shape == k_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
-    block_half, block_k, num_warps, num_stages, two_pass = config or rope_kv_config(rows, k)
-    half = head_dim // 2
-    q = torch.empty((1, num_q_heads * head_dim), dtype=x.dtype, device=x.device)
-    grid = ((num_q_heads + 2 * num_kv_heads) * triton.cdiv(half, block_half),)
-    _gemv_rope_kv_kernel[grid](
-        *_pointer_args(x, weight, bias, q, norm_weight, residual, h),
-        positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-        k, weight.stride(0), cos_sin_cache.stride(0), num_kv_heads * head_dim, eps,
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, BLOCK_HALF=block_half,
-        BLOCK_K=block_k, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        TWO_PASS=two_pass, PRECISE=precise_math.PRECISE_MATH,
-        EVEN=half % block_half == 0 and k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
-    )  # fmt: skip
-    return q, h

@@ -132,19 +132,19 @@ async def test_batch1_decode_with_rope_and_kv_write_in_the_qkv_product(ckpt, mon
     # batch-1 CUDA graph) in fp32 with that epilogue and, in a second engine, without it
     # (the product, then the backend's RoPE + store) must give the same tokens, and logprobs
     # equal to fp32 rounding: the two differ only in that fusion's summation tiles.
-    from tokenspeed_kernels import gemv
+    from tokenspeed_kernels import gemv_rope_kv
 
     path = ckpt(
         "llama", hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
         intermediate_size=512, num_hidden_layers=2,
     )  # fmt: skip
-    assert (6144, 4096) in gemv.ROPE_KV_CONFIGS
+    assert (6144, 4096) in gemv_rope_kv.ROPE_KV_CONFIGS
     args = EngineArgs(model=str(path), device="cuda", dtype="float32", max_model_len=1024)
     prompts = parity_prompts()
     outs = {}
     for fused in (True, False):
         if not fused:
-            monkeypatch.setattr(gemv, "ROPE_KV_CONFIGS", {})
+            monkeypatch.setattr(gemv_rope_kv, "ROPE_KV_CONFIGS", {})
         async with await AsyncEngine.start(args) as engine:
             outs[fused] = [await final_output(engine, GREEDY, p) for p in prompts]  # batch 1
             await engine.check_idle()

@@ -15,7 +15,7 @@ else is ``F.linear``. A column-parallel
 layer fed by an RMSNorm (``after_norm``) takes the norm, and the residual add before it, as
 the product's prologue where ``NORM_CONFIGS`` has its shape: one launch fewer per norm; a
 batch-1 qkv projection also takes RoPE and the KV-cache write as its epilogue where
-``ROPE_KV_CONFIGS`` has its shape (``norm_linear_rope_kv``): one launch fewer per layer.
+``gemv_rope_kv.ROPE_KV_CONFIGS`` has its shape (``norm_linear_rope_kv``): one launch fewer per layer.
 """
 
 from __future__ import annotations
@@ -105,12 +105,12 @@ def norm_linear_rope_kv(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A batch-1 qkv projection with the norm as its prologue and, as its epilogue, RoPE on
     q and k and k/v written into the paged cache at ``slot_mapping``
-    (``gemv.norm_gemv_rope_kv``): ``(rotated q, h)``, where ``ROPE_KV_CONFIGS`` has the
+    (``gemv_rope_kv.norm_gemv_rope_kv``): ``(rotated q, h)``, where ``ROPE_KV_CONFIGS`` has the
     weight's shape and RoPE covers whole heads; None elsewhere (the caller runs the
     product, then the attention backend's store)."""
     if not (x.is_cuda and x.shape[0] == 1):
         return None
-    from tokenspeed_kernels.gemv import ROPE_KV_CONFIGS, norm_gemv_rope_kv
+    from tokenspeed_kernels.gemv_rope_kv import ROPE_KV_CONFIGS, norm_gemv_rope_kv
 
     rotary_emb, positions = rope
     cos_sin = rotary_emb.cos_sin_cache

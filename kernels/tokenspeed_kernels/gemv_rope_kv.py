@@ -1,0 +1,140 @@
+"""The batch-1 qkv projection with RoPE and the KV-cache write as its epilogue:
+``norm_gemv_rope_kv`` is ``gemv.norm_gemv`` of a decoder layer's qkv projection for one token
+with ``rotary.apply_rotary(..., kv_store=...)`` after it, in one launch (whole heads rotate)::
+
+    weight: [(Hq + 2 Hkv) * D, K]: q heads, then k heads, then v heads, D rows each
+    positions, slot_mapping: [1] device tensors the kernel reads (CUDA-graph safe)
+    cos_sin_cache: [max_position, D] fp32; k/v_cache: [num_blocks, page_size, Hkv, D]
+    returns (q [1, Hq * D] rotated, h); the rotated k and the v go to the slot (-1: nowhere)
+
+A program owns ``BLOCK_HALF`` features of one head in both its halves, so RoPE's pairs are in
+its registers as silu_mul's gates and ups are::
+
+    head's rows:  [0 ........ D/2)[D/2 ........ D)
+    a program:      [j, j + BH)        [D/2 + j, D/2 + j + BH)
+
+Each product rounds to x's dtype (as ``gemv``'s y) and rotates in fp32 rounded as
+``rotary.py`` rounds it (no FMA): with the same tiles -- ``norm_gemv``'s BLOCK_N =
+BLOCK_HALF reads the same [BLOCK_HALF, BLOCK_K] tiles -- q and the caches equal
+``norm_gemv`` then ``apply_rotary`` bit for bit. ``bench_gemv.py --rope-kv`` times the two.
+
+The product loop, its PDL wait and its prologues are ``gemv.products``; the launch is a
+programmatic dependent launch as every batch-1 product's is (``gemv``'s module doc).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed_kernels import pdl, precise_math
+from tokenspeed_kernels.gemv import NORM_CONFIGS, NORM_DEFAULT, norm_output, pointer_args, products
+from tokenspeed_kernels.rotary import load_cos_sin, rotate
+
+
+@triton.jit
+def _store_halves(ptr, x1, x2, offs, HALF: tl.constexpr, stores):
+    """x1 at ``ptr + offs`` and x2 HALF on, cast to ptr's dtype, if the scalar ``stores``."""
+    mask = offs < tl.where(stores, HALF, 0)  # (the interpreter can't AND a scalar into a mask)
+    tl.store(ptr + offs, x1.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + offs + HALF, x2.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemv_rope_kv_kernel(
+    X, W, Bias, Q, Residual, NormW, ResidualOut,
+    Positions, Cos_sin, K_cache, V_cache, Slot_mapping,
+    K, stride_wn, stride_cs, stride_slot, eps,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr,
+    EVEN: tl.constexpr,  # BLOCK_HALF divides HALF and BLOCK_K divides K
+):  # fmt: skip
+    pid = tl.program_id(0)
+    per_head = (HALF + BLOCK_HALF - 1) // BLOCK_HALF  # programs
+    head = pid // per_head
+    offs = (pid % per_head) * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    rows = head * (2 * HALF) + offs
+    acc1, acc2 = products(
+        X, W, Bias, Residual, NormW, ResidualOut, rows, rows + HALF, mask, K, stride_wn, eps,
+        pid == 0, BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS, PDL, EVEN,
+    )  # fmt: skip
+    x1 = acc1.to(Q.dtype.element_ty)  # the product's rounding, as gemv's output
+    x2 = acc2.to(Q.dtype.element_ty)
+    cos, sin = load_cos_sin(Cos_sin, tl.load(Positions), stride_cs, offs, HALF)
+    o1, o2 = rotate(x1, x2, cos, sin, PRECISE)
+    o1 = o1.to(Q.dtype.element_ty)
+    o2 = o2.to(Q.dtype.element_ty)
+    # Where the head goes: q heads rotated to Q; k heads rotated, v heads as they are, to the
+    # caches' slot (a padding token's slot -1: nowhere).
+    kv_head = head - NUM_Q_HEADS  # k heads [0, Hkv), then v heads [Hkv, 2 Hkv)
+    slot = tl.load(Slot_mapping)
+    in_slot = slot * stride_slot + (kv_head % NUM_KV_HEADS) * (2 * HALF)
+    is_k = (kv_head >= 0) & (kv_head < NUM_KV_HEADS)
+    _store_halves(Q + head * (2 * HALF), o1, o2, offs, HALF, kv_head < 0)
+    _store_halves(K_cache + in_slot, o1, o2, offs, HALF, (slot >= 0) & is_k)
+    _store_halves(V_cache + in_slot, x1, x2, offs, HALF, (slot >= 0) & (kv_head >= NUM_KV_HEADS))
+
+
+# ``norm_gemv_rope_kv``: (N, K) -> (BLOCK_HALF, BLOCK_K, num_warps, num_stages, two_pass),
+# BLOCK_HALF the features of one half of one head (a program reads 2 * BLOCK_HALF rows).
+# Entries come from ``bench_gemv.py --rope-kv`` on the H200 (bench/results/
+# gemv-rope-kv-h200-session5.json), against ``norm_gemv`` + ``apply_rotary(kv_store=...)``.
+ROPE_KV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, bool]] = {
+    (6144, 4096): (8, 1024, 4, 1, True),  # Llama-3-8B qkv (32 + 2 x 8 heads of 128): 16.3 vs 18.7
+}
+
+
+def rope_kv_config(n: int, k: int) -> tuple[int, int, int, int, bool]:
+    """``norm_gemv_rope_kv``'s config for an [n, k] qkv weight: its ROPE_KV_CONFIGS entry, else
+    the plain product's NORM_CONFIGS entry (or NORM_DEFAULT) with the same rows per program
+    (BLOCK_HALF = BLOCK_N / 2) and its BLOCK_K, warps, stages and prologue."""
+    if (n, k) in ROPE_KV_CONFIGS:
+        return ROPE_KV_CONFIGS[(n, k)]
+    block_n, *rest = NORM_CONFIGS.get((n, k, False), NORM_DEFAULT)
+    return (block_n // 2, *rest)
+
+
+def norm_gemv_rope_kv(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    config: tuple[int, int, int, int, bool] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm_gemv`` of a qkv projection followed by ``rotary.apply_rotary`` with its
+    ``kv_store``, in one launch: returns (q [1, Hq * D] rotated, h) and writes the token's
+    rotated k and its v at ``slot_mapping[0]`` of the caches (layout: module doc)."""
+    h = norm_output(x, residual, norm_weight)
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    rows, k = weight.shape
+    num_q_heads = rows // head_dim - 2 * num_kv_heads
+    assert num_q_heads > 0 and rows == (num_q_heads + 2 * num_kv_heads) * head_dim
+    assert cos_sin_cache.shape[1] == head_dim and head_dim % 2 == 0, "RoPE on whole heads"
+    assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1
+    assert positions.numel() == 1 and slot_mapping.numel() == 1
+    assert v_cache.shape == k_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
+    block_half, block_k, num_warps, num_stages, two_pass = config or rope_kv_config(rows, k)
+    half = head_dim // 2
+    q = torch.empty((1, num_q_heads * head_dim), dtype=x.dtype, device=x.device)
+    grid = ((num_q_heads + 2 * num_kv_heads) * triton.cdiv(half, block_half),)
+    _gemv_rope_kv_kernel[grid](
+        *pointer_args(x, weight, bias, q, norm_weight, residual, h),
+        positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        k, weight.stride(0), cos_sin_cache.stride(0), num_kv_heads * head_dim, eps,
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, BLOCK_HALF=block_half,
+        BLOCK_K=block_k, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        TWO_PASS=two_pass, PRECISE=precise_math.PRECISE_MATH,
+        EVEN=half % block_half == 0 and k % block_k == 0,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
+    )  # fmt: skip
+    return q, h
