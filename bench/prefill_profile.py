@@ -74,7 +74,7 @@ def cublas_rates(config: ModelConfig, tokens: int, peak: float) -> list[dict]:
                 "k": k,
                 "ms": ms,
                 "tflops": flops / ms / 1e9,
-                "of_peak": flops / ms / 1e3 / peak,
+                "of_peak": flops / (ms / 1e3) / peak,
             }
         )
     return out
