@@ -92,6 +92,8 @@ class PagedRunner:
             slot_mapping=tensor(slots, torch.int64),
             query_lens_host=tuple(query_lens),
             seq_lens_host=tuple(seq_lens),
+            # Leading one-token rows are decodes, as the engine's runner puts them first.
+            num_decodes=next((i for i, q in enumerate(query_lens) if q != 1), len(rows)),
         )
         ctx = ForwardContext(attn, self.backend, self.k_caches, self.v_caches)
         return tensor(input_ids, torch.int64), tensor(positions, torch.int64), ctx

@@ -94,11 +94,14 @@ def test_qwen3_on_the_triton_backend_matches_the_torch_backend(checkpoint):
     from tokenspeed_aio.model.attention.registry import create_backend
 
     config, model = _load(checkpoint("qwen3"))
-    prompts = _prompts(config.vocab_size)[:2]
+    prompts = _prompts(config.vocab_size)[:3]
     logits = []
     for backend in ("torch", "triton"):
         runner = PagedRunner(model, config)
         runner.backend = create_backend(backend, max_model_len=128)
-        prefill = runner.forward(list(enumerate(prompts)))
-        logits.append(torch.cat([prefill, runner.forward([(0, [5]), (1, [9])])]))
+        prefill = runner.forward(list(enumerate(prompts[:2])))
+        decode = runner.forward([(0, [5]), (1, [9])])
+        # A mixed forward: two decode rows (the decode kernel) beside a fresh prompt (extend).
+        mixed = runner.forward([(0, [7]), (1, [3]), (2, prompts[2])])
+        logits.append(torch.cat([prefill, decode, mixed]))
     torch.testing.assert_close(logits[1], logits[0], atol=ATOL, rtol=0)
