@@ -5,7 +5,8 @@
 #
 #   tests     tests/gpu and the gpu-marked kernel tests (separate processes: an engine
 #             test leaves no state behind, but a failing one should not hide the others)
-#   profile   decode-step profiles (batch 1, 64, 256), served decode steps traced (batch 1,
+#   profile   decode-step profiles (batch 1, 64, 256), a prefill round's profile (8 prompts
+#             alone and beside 56 decodes), served decode steps traced (batch 1,
 #             64), the batch-1 GEMV against cuBLAS with its SwiGLU and RoPE/KV epilogues, the
 #             skinny GEMM (2-64 rows) against cuBLAS, plain and with its SwiGLU epilogue
 #   llama     the full fixed-1k sweep on the Llama-3.1-8B shape
@@ -31,6 +32,7 @@ tests)
     ;;
 profile)
     python3 bench/decode_profile.py --batch 1,64,256 --out "$out/decode-profile.json"
+    python3 bench/prefill_profile.py --out "$out/prefill-profile.json"
     python3 bench/serving_trace.py --batch 1 --out "$out/serving-trace-b1.json"
     python3 bench/serving_trace.py --batch 64 --out "$out/serving-trace-b64.json"
     python3 kernels/bench_gemv.py --json "$out/gemv.json"
