@@ -83,6 +83,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.graphs: DecodeGraphs | None = None
         self.timeline = ForwardTimeline(device)
+        # (num_decodes, chunk) -> a null forward's inputs, built once (``_null_inputs``).
+        self._null: dict[tuple[int, int], tuple[AttentionMetadata, torch.Tensor, torch.Tensor]] = {}
 
     def capture_graphs(self, sizes: list[int]) -> None:
         self.graphs = DecodeGraphs(
@@ -176,8 +178,21 @@ class ModelRunner:
     @torch.inference_mode()
     def _null_forward(self, num_decodes: int, chunk: int) -> None:
         """A forward of ``num_decodes`` one-token decode rows and, if ``chunk``, a prefill
-        row of that many tokens, which read only the null block and write nothing (slot -1).
-        Built on the device alone: no host copy, so it may run while serving."""
+        row of that many tokens, which read only the null block and write nothing (slot -1)."""
+        key = (num_decodes, chunk)
+        if key not in self._null:
+            self._null[key] = self._null_inputs(num_decodes, chunk)
+        meta, ids, positions = self._null[key]
+        if self.backend.plans_on_host:
+            lens = np.asarray(meta.query_lens_host, np.int32)
+            self.backend.plan(lens, lens, np.zeros((meta.num_rows, 1), np.int32))
+        self.model(ids, positions, ForwardContext(meta, self.backend, self.k_caches, self.v_caches))
+
+    def _null_inputs(
+        self, num_decodes: int, chunk: int
+    ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+        """``_null_forward``'s metadata, input ids and positions, built on the device alone:
+        no host copy, so they may be built while serving. Nothing writes them."""
         rows = num_decodes + (1 if chunk else 0)
         t = num_decodes + chunk
         i32 = dict(dtype=torch.int32, device=self.device)
@@ -203,13 +218,9 @@ class ModelRunner:
             seq_lens_host=lens,
             num_decodes=num_decodes,
         )
-        if self.backend.plans_on_host:
-            host_lens = np.asarray(lens, np.int32)
-            self.backend.plan(host_lens, host_lens, np.zeros((rows, 1), np.int32))
-        ctx = ForwardContext(meta, self.backend, self.k_caches, self.v_caches)
         i64 = dict(dtype=torch.int64, device=self.device)
         positions = torch.cat([torch.zeros(num_decodes, **i64), torch.arange(chunk, **i64)])
-        self.model(torch.zeros(t, **i64), positions, ctx)
+        return meta, torch.zeros(t, **i64), positions
 
     def _apply_row_state(self, rows: Sequence[ScheduledRow]) -> None:
         for row in rows:
