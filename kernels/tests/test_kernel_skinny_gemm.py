@@ -2,8 +2,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, gpu_test
+from tokenspeed_kernels import skinny_gemm as skinny_gemm_module
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.skinny_gemm import DEFAULT, SILU_MUL_CONFIGS, m_bucket, skinny_gemm
+from tokenspeed_kernels.skinny_gemm import (
+    CONFIGS,
+    DEFAULT,
+    SILU_MUL_CONFIGS,
+    m_bucket,
+    skinny_gemm,
+)
 
 # K = 300: 4 full 64-chunks + a masked tail; SPLIT_K=3 gives slices of 2 chunks: [0, 128),
 # [128, 256), [256, 300). N = 88 features: the last tile is cut short for BLOCK_N 32 and 16.
@@ -62,6 +69,32 @@ def test_silu_mul_is_the_product_then_the_activation(dtype, m, config):
     assert_close(y, silu_and_mul(F.linear(x, weight)))
 
 
+@pytest.mark.parametrize("silu_mul", [False, True], ids=["plain", "silu_mul"])
+@pytest.mark.parametrize("config", [(16, 64, 1, 4, 3), (16, 64, 3, 4, 3)], ids=["k1", "k3"])
+def test_unmasked_tiles_compute_what_masked_tiles_do(silu_mul, config):
+    """Where the tiles divide the weight and every K slice holds chunks, its loads go unmasked
+    (``EVEN``: 48 features in 16s, K = 192 in three 64-chunks); the same rows in a weight with
+    one more feature per half (a masked last program) give the same bits."""
+    x, weight, _ = _operands(5, 2 * 48, 192, torch.bfloat16, seed=9)
+    halves = weight.view(2, 48, 192) if silu_mul else weight.view(1, 96, 192)
+    extra = torch.randn(halves.shape[0], 1, 192).to(DEVICE, torch.bfloat16)
+    wider = torch.cat([halves, extra], dim=1).reshape(-1, 192)
+    n = halves.shape[1]
+    y = skinny_gemm(x, weight, config=config, silu_mul=silu_mul)
+    assert torch.equal(y, skinny_gemm(x, wider, config=config, silu_mul=silu_mul)[:, :n])
+
+
+@pytest.mark.parametrize("config", [ONE_PASS, SPLIT], ids=["split_k1", "split_k3"])
+def test_first_tile_before_the_wait_or_after_it_gives_the_same_bits(monkeypatch, config):
+    """``_peels`` decides whether the first weight tile is loaded before ``pdl.wait_prior``
+    (where its shared memory fits); either way the products are the same."""
+    x, weight, b = _operands(5, 2 * 88, 300, torch.bfloat16, bias=True, seed=4)
+    peeled = [skinny_gemm(x, weight, b, config), skinny_gemm(x, weight, None, config, True)]
+    monkeypatch.setattr(skinny_gemm_module, "_peels", lambda *args: False)
+    waits_first = [skinny_gemm(x, weight, b, config), skinny_gemm(x, weight, None, config, True)]
+    assert all(torch.equal(a, b) for a, b in zip(peeled, waits_first))
+
+
 def test_more_than_64_rows_are_refused():
     x, weight, _ = _operands(65, 32, 64, torch.float32)
     with pytest.raises(AssertionError, match="1 to 64 rows"):
@@ -93,3 +126,20 @@ def test_silu_mul_llama_8b_gate_up_gpu(m, config):
     y = skinny_gemm(x, weight, config=config, silu_mul=True)
     assert torch.equal(y, silu_and_mul(skinny_gemm(x, weight, config=tiles)))
     assert_close(y, silu_and_mul(F.linear(x, weight)))
+
+
+@gpu_test
+@pytest.mark.parametrize(
+    "key,silu_mul",
+    [(key, False) for key in CONFIGS] + [(key, True) for key in SILU_MUL_CONFIGS],
+    ids=lambda v: str(v),
+)
+def test_every_table_config_fits_and_matches_linear_gpu(key, silu_mul):
+    """Each measured tile at its bucket's most rows: it compiles within the shared memory (the
+    first weight tile before the wait costs a stage where it fits, ``_peels``) and computes
+    the product."""
+    n, k, bucket = key
+    x, weight, _ = _operands(bucket, n, k, torch.bfloat16)
+    y = skinny_gemm(x, weight, silu_mul=silu_mul)
+    reference = F.linear(x, weight)
+    assert_close(y, silu_and_mul(reference) if silu_mul else reference)

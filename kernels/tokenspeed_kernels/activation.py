@@ -9,6 +9,9 @@ Layout contract::
 Rounding as HF's ``act_fn(gate_proj(x)) * up_proj(x)`` in torch: silu in fp32 with the
 precise ``exp`` and an IEEE division (as torch's CUDA kernel), rounded to x's dtype, then the
 product in fp32 rounded once more, so fp32 results equal torch's bit for bit.
+
+A launch is a programmatic dependent launch where the GPU has one (``pdl.py``), like the
+norm's: it follows a decode step's gate/up product and precedes its down product.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import precise_math
+from tokenspeed_kernels import pdl, precise_math
 
 BLOCK = 1024
 
@@ -32,7 +35,10 @@ def silu_mul(gate, up, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr, PRECISE: tl.constexpr):
+def _silu_and_mul_kernel(
+    X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr
+):
+    pdl.wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
@@ -50,6 +56,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] > 0:
         grid = (x2.shape[0], triton.cdiv(d, BLOCK))
         _silu_and_mul_kernel[grid](
-            x2, out, x2.stride(0), out.stride(0), d, BLOCK=BLOCK, PRECISE=precise_math.PRECISE_MATH
-        )
+            x2, out, x2.stride(0), out.stride(0), d, BLOCK=BLOCK,
+            PRECISE=precise_math.PRECISE_MATH, **pdl.launch_args(),
+        )  # fmt: skip
     return out.view(*x.shape[:-1], d)

@@ -84,10 +84,11 @@ def _load_h(X, Residual, offs, mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def _load_weight(ptrs, mask, EVEN: tl.constexpr):
+def load_weight(ptrs, mask, EVEN: tl.constexpr):
     """A weight tile, masked unless EVEN: the tiles divide the weight, and unmasked loads
     keep the tile that ``products`` loads before ``pdl.wait_prior`` to its own registers
-    (masked, the kernel with PDL grew from 168 to 254 registers on sm_90)."""
+    (masked, the kernel with PDL grew from 168 to 254 registers on sm_90). Also
+    ``skinny_gemm``'s."""
     if EVEN:
         w = tl.load(ptrs)
     else:
@@ -143,10 +144,10 @@ def products(
     peeled: tl.constexpr = not (NORM and TWO_PASS)
     if peeled:
         w_mask = mask_n[:, None] & (offs_k < K)[None, :]
-        w = _load_weight(w_ptrs, w_mask, EVEN)
+        w = load_weight(w_ptrs, w_mask, EVEN)
         w_b = w
         if PAIRED:
-            w_b = _load_weight(b_ptrs, w_mask, EVEN)
+            w_b = load_weight(b_ptrs, w_mask, EVEN)
     pdl.wait_prior(PDL)
     rstd = 1.0  # the two-pass prologue's, known before its product loop
     start = 0
@@ -163,10 +164,10 @@ def products(
         rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
     for k0 in range(start, K, BLOCK_K):
         w_mask = mask_n[:, None] & ((k0 + offs_k) < K)[None, :]
-        w = _load_weight(w_ptrs + k0, w_mask, EVEN)
+        w = load_weight(w_ptrs + k0, w_mask, EVEN)
         w_b = w
         if PAIRED:
-            w_b = _load_weight(b_ptrs + k0, w_mask, EVEN)
+            w_b = load_weight(b_ptrs + k0, w_mask, EVEN)
         acc, acc_b, sum_sq = _accumulate(
             w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
             h_end, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS,

@@ -1,6 +1,6 @@
-"""Programmatic dependent launch (PDL) for the batch-1 products: a product's programs are
-resident and waiting while the product before it in the stream finishes, instead of being
-launched after it ends.
+"""Programmatic dependent launch (PDL) for a decode step's products and the norms and
+activations between them: a kernel's programs are resident and waiting while the kernel before
+it in the stream finishes, instead of being launched after it ends.
 
 On Hopper (sm_90) and later a kernel launched with the programmatic stream serialization
 attribute (Triton's ``launch_pdl=True``) may be scheduled once every program of the kernel
@@ -8,9 +8,11 @@ before it has signalled ``gdc_launch_dependents`` (or exited); its programs bloc
 ``gdc_wait`` until that kernel has completed and its writes are visible. CUDA graphs keep the
 launches' programmatic edges, so a captured decode step gets the same overlap. What it saves
 is the gap between two products and the next one's start-up, and a program may start reading
-what no kernel writes (its weight, ``gemv.py``) before it waits: a batch-1 decode step is
-mostly GEMVs, most of them right after another (a Qwen3 layer's o_proj, gate_up, down and the
-next layer's qkv).
+what no kernel writes (its weight, ``gemv.py``, ``skinny_gemm.py``) before it waits: a decode
+step is mostly products, most of them right after another or after a norm (a Qwen3 layer's
+o_proj, norm, gate_up, down and the next layer's norm and qkv). Who takes part: ``gemv``,
+``skinny_gemm`` (and its split-K sum), ``rmsnorm`` and ``activation``; attention launches
+ordinarily (with PDL it lost at batch 1, docs/performance.md).
 
 The rule a kernel that takes part keeps, so that any sequence of kernels -- these and others,
 whose launches are ordinary -- stays ordered as a plain stream orders it:

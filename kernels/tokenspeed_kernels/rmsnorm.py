@@ -14,6 +14,10 @@ Math (as HF's ``LlamaRMSNorm`` after ``hidden = residual + hidden``)::
 
 where ``round`` is to x's dtype; the mean and rsqrt are in fp32. One program per row holds the
 whole row in registers, so hidden sizes up to a few tens of thousands are fine.
+
+A launch is a programmatic dependent launch where the GPU has one (``pdl.py``): the norm
+usually sits between two products of a decode step, so it waits for the one before it with
+its programs already resident, and lets the one after it start while it runs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from tokenspeed_kernels import pdl
 
 
 @triton.jit
@@ -38,10 +44,13 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    pdl.wait_prior(PDL)
     h = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(Residual + row * stride_r + offs, mask=mask, other=0.0)
@@ -51,7 +60,6 @@ def _rms_norm_kernel(
     hf = h.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(hf * hf, 0) / hidden + eps)
     normed = (hf * rstd).to(X.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
 
 
@@ -75,7 +83,7 @@ def _launch(x, residual, weight, eps):
             x2.stride(0), r2.stride(0), out.stride(0), r_out.stride(0),
             hidden, eps,
             HAS_RESIDUAL=residual is not None, BLOCK=block,
-            num_warps=min(max(block // 256, 1), 16),
+            num_warps=min(max(block // 256, 1), 16), **pdl.launch_args(),
         )  # fmt: skip
     return out.view(x.shape), r_out.view(x.shape)
 

@@ -31,6 +31,13 @@ half). Each product rounds to x's dtype and ``silu(gate) * up`` rounds as
 ``activation.silu_and_mul``: the same values as the plain product with the same config
 followed by that kernel.
 
+Both launches are programmatic dependent launches where the GPU has one (``pdl.py``), as
+``gemv``'s are: a program loads its slice's first weight tile -- no kernel writes a weight --
+before ``pdl.wait_prior``, x and everything else after it, so the product's first weight
+reads overlap the tail of the kernel before it (a norm, the split-K sum, another product).
+Tiles that divide the weight with no empty slice (``EVEN``) load unmasked, which keeps the
+tile held across the wait to its own registers (``gemv.load_weight``).
+
 A config is ``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)``. ``CONFIGS`` and
 ``SILU_MUL_CONFIGS`` are keyed by ``(N, K, m_bucket)`` (the weight's shape, ``[2d, K]`` for
 ``silu_mul``) and hold only tiles ``kernels/bench_skinny_gemm.py`` measured on the H200;
@@ -45,8 +52,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import precise_math
+from tokenspeed_kernels import pdl, precise_math
 from tokenspeed_kernels.activation import silu_mul
+from tokenspeed_kernels.gemv import load_weight
 
 MAX_M = 64
 SUM_BLOCK = 1024  # features per program of the split-K sum
@@ -61,6 +69,16 @@ def _dot(w, x, acc):
         w = w.to(tl.float32)
         x = x.to(tl.float32)
     return tl.dot(w, x, acc, input_precision="ieee")
+
+
+@triton.jit
+def _step(w, w_up, x_ptrs, k0, offs_k, mask_m, K, acc, acc_up, SILU_MUL: tl.constexpr):
+    """One BLOCK_K chunk: the weight tiles ``w`` (and ``w_up``) at ``k0`` times x's slice."""
+    x = tl.load(x_ptrs + k0, mask=((k0 + offs_k) < K)[:, None] & mask_m[None, :], other=0.0)
+    acc = _dot(w, x, acc)
+    if SILU_MUL:
+        acc_up = _dot(w_up, x, acc_up)
+    return acc, acc_up
 
 
 @triton.jit
@@ -93,6 +111,9 @@ def _skinny_gemm_kernel(
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,  # rows [0, N) are gates, [N, 2N) their ups (module doc)
     PRECISE: tl.constexpr,
+    PDL: tl.constexpr,
+    EVEN: tl.constexpr,  # BLOCK_N divides N, BLOCK_K divides K, and no slice is empty
+    PEEL: tl.constexpr,  # the first weight tile before the wait (``_peels``)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -107,14 +128,22 @@ def _skinny_gemm_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_start = pid_k * k_per_split
-    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
-        mask_k = (k0 + offs_k) < K
-        x = tl.load(x_ptrs + k0, mask=mask_k[:, None] & mask_m[None, :], other=0.0)
-        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        acc = _dot(w, x, acc)
-        if SILU_MUL:
-            w_up = tl.load(up_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            acc_up = _dot(w_up, x, acc_up)
+    k_end = tl.minimum(k_start + k_per_split, K)
+    if PEEL:  # the slice's first weight tile before the wait (module doc); an empty slice
+        # loads it all masked and adds zeros
+        mask_nk = mask_n[:, None] & ((k_start + offs_k) < K)[None, :]
+        w = load_weight(w_ptrs + k_start, mask_nk, EVEN)
+        w_up = load_weight(up_ptrs + k_start, mask_nk, EVEN) if SILU_MUL else w
+        pdl.wait_prior(PDL)
+        acc, acc_up = _step(w, w_up, x_ptrs, k_start, offs_k, mask_m, K, acc, acc_up, SILU_MUL)
+        k_start += BLOCK_K
+    else:
+        pdl.wait_prior(PDL)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        mask_nk = mask_n[:, None] & ((k0 + offs_k) < K)[None, :]
+        w = load_weight(w_ptrs + k0, mask_nk, EVEN)
+        w_up = load_weight(up_ptrs + k0, mask_nk, EVEN) if SILU_MUL else w
+        acc, acc_up = _step(w, w_up, x_ptrs, k0, offs_k, mask_m, K, acc, acc_up, SILU_MUL)
     mask = mask_n[:, None] & mask_m[None, :]
     out_ptrs = Out + offs_m[None, :] * stride_om + offs_n[:, None]  # y.T's tile
     if PARTIAL:
@@ -142,7 +171,9 @@ def _split_k_sum_kernel(
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
     PRECISE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait_prior(PDL)  # the partials are the product's, right ahead
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -192,6 +223,20 @@ SILU_MUL_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
 DEFAULT = (32, 128, 1, 4, 3)  # shapes not measured, when called directly
 
 
+def _peels(x, block_m, block_n, block_k, num_stages, silu_mul) -> bool:
+    """Whether a program loads its first weight tile before ``pdl.wait_prior``: the tile
+    held across the wait is one more pipeline stage of shared memory (on sm_90 with triton
+    3.6, ``(num_stages + 1) * stage`` where ``num_stages * stage`` was needed: the H200's
+    tables hold tiles that need up to 4 stages of 48 KB of its 227), so only where that still
+    fits; elsewhere the program waits first. Without PDL the two orders are the same work."""
+    if not x.is_cuda:  # the interpreter: no shared memory to run out of
+        return True
+    weights = block_n * block_k * (2 if silu_mul else 1)
+    stage = (weights + block_k * block_m) * x.element_size()
+    limit = torch.cuda.get_device_properties(x.device).shared_memory_per_block_optin
+    return (num_stages + 1) * stage <= limit
+
+
 def m_bucket(m: int) -> int:
     """BLOCK_M for M rows, the last key of ``CONFIGS``: 16, 32 or 64."""
     return max(16, triton.next_power_of_2(m))
@@ -223,12 +268,18 @@ def skinny_gemm(
     out = y
     if split_k > 1:
         out = torch.empty((split_k, m, rows), dtype=torch.float32, device=x.device)
-    flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PRECISE=precise_math.PRECISE_MATH)
+    flags = dict(
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PRECISE=precise_math.PRECISE_MATH,
+        **pdl.launch_args(),
+    )  # fmt: skip
     bias_arg = bias if bias is not None else weight
+    even = n % block_n == 0 and k % block_k == 0 and (split_k - 1) * k_per_split < k
+    peel = _peels(x, block_m, block_n, block_k, num_stages, silu_mul)
     _skinny_gemm_kernel[(triton.cdiv(n, block_n), split_k)](
         x, weight, bias_arg, out, m, n, k, x.stride(0), out.stride(-2), k_per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIAL=split_k > 1, **flags,
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIAL=split_k > 1, EVEN=even,
+        PEEL=peel,
+        **flags, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split_k > 1:
         _split_k_sum_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
