@@ -194,16 +194,19 @@ def _split_k_sum_kernel(
 # run at M = 2, 4, 8, 16, 32, 64): the winners of a bucket's tile search that matched F.linear
 # and beat cuBLAS at every measured M of the bucket (us: ours vs cuBLAS at each M measured in
 # the bucket: 2/4/8/16, 32 or 64). A bucket's rows pad to its top, so the kernel's time is
-# flat inside it.
+# flat inside it. The two 64-row entries marked "chain" were picked later with PDL on, in a
+# decoder-layer chain at 64 rows and then the model's decode graph (docs/performance.md,
+# eleventh pass): alone each is a tie or a loss, between a norm and attention they win.
 CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
     (6144, 4096, 16): (64, 256, 1, 4, 4),  # qkv: 14.5/14.6/14.7/14.8 vs 15.4/15.3/15.5/15.7
     (6144, 4096, 32): (64, 256, 1, 4, 4),  # qkv: 15.3 vs 16.0
+    (6144, 4096, 64): (64, 128, 1, 4, 5),  # qkv, chain: alone 16.4 vs 16.1
     (4096, 4096, 16): (64, 128, 2, 4, 5),  # o_proj: 11.7/11.8/11.9/12.0 vs 13.5/13.7/13.3/12.7
     (4096, 4096, 32): (64, 128, 2, 4, 5),  # o_proj: 12.5 vs 14.1
     (28672, 4096, 64): (128, 128, 1, 4, 4),  # gate_up: 62.3 vs 62.7
     (4096, 14336, 16): (64, 128, 4, 4, 4),  # down: 31.4/31.5/31.8/32.1 vs 32.5/32.5/32.6/33.2
     (4096, 14336, 32): (64, 256, 2, 4, 4),  # down: 32.5 vs 34.1
-    (4096, 14336, 64): (128, 128, 4, 4, 4),  # down: 35.3 vs 36.6
+    (4096, 14336, 64): (64, 128, 2, 4, 5),  # down, chain (alone, 4 stages: 35.4 vs 36.6)
     # qwen3 gate_up: 48.5/48.6/48.9/49.2 vs 49.6/49.8/54.2/50.5
     (24576, 4096, 16): (64, 64, 1, 4, 5),
     (24576, 4096, 32): (64, 64, 1, 4, 5),  # qwen3 gate_up: 50.4 vs 51.0
