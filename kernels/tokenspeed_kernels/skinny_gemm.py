@@ -46,6 +46,7 @@ A config is ``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)``. ``CONFIGS`` 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -129,8 +130,8 @@ def _skinny_gemm_kernel(
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if PEEL:  # the slice's first weight tile before the wait (module doc); an empty slice
-        # loads it all masked and adds zeros
+    if PEEL:  # the slice's first weight tile before the wait (module doc); a program whose
+        # slice is empty loads it masked, all zeros, and adds nothing
         mask_nk = mask_n[:, None] & ((k_start + offs_k) < K)[None, :]
         w = load_weight(w_ptrs + k_start, mask_nk, EVEN)
         w_up = load_weight(up_ptrs + k_start, mask_nk, EVEN) if SILU_MUL else w
@@ -236,8 +237,13 @@ def _peels(x, block_m, block_n, block_k, num_stages, silu_mul) -> bool:
         return True
     weights = block_n * block_k * (2 if silu_mul else 1)
     stage = (weights + block_k * block_m) * x.element_size()
-    limit = torch.cuda.get_device_properties(x.device).shared_memory_per_block_optin
-    return (num_stages + 1) * stage <= limit
+    return (num_stages + 1) * stage <= _shared_memory(x.device.index)
+
+
+@functools.cache
+def _shared_memory(device_index: int | None) -> int:
+    """The most shared memory one program may have on that device, in bytes."""
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
 
 
 def m_bucket(m: int) -> int:
