@@ -92,7 +92,7 @@ def test_first_tile_before_the_wait_or_after_it_gives_the_same_bits(monkeypatch,
     peeled = [skinny_gemm(x, weight, b, config), skinny_gemm(x, weight, None, config, True)]
     monkeypatch.setattr(skinny_gemm_module, "_peels", lambda *args: False)
     waits_first = [skinny_gemm(x, weight, b, config), skinny_gemm(x, weight, None, config, True)]
-    assert all(torch.equal(a, b) for a, b in zip(peeled, waits_first))
+    assert all(torch.equal(p, w) for p, w in zip(peeled, waits_first))
 
 
 def test_more_than_64_rows_are_refused():
