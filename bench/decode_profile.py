@@ -25,10 +25,10 @@ from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.bench.kernel_profile import kernel_breakdown, time_step, write_profile
 from tokenspeed_aio.bench.roofline import ModelBytes, measure_bandwidth, measure_matmul_peak
 from tokenspeed_aio.bench.shapes import checkpoint_dir
+from tokenspeed_aio.data_plane.cuda_graph import DecodeRows
 from tokenspeed_aio.data_plane.device import build_device_side
 from tokenspeed_aio.data_plane.specs import RankInfo
 from tokenspeed_aio.model.config import ModelConfig
-from tokenspeed_aio.model.cuda_graph import DecodeRows
 
 
 def decode_inputs(bs: int, context: int, page: int, width: int) -> DecodeRows:

@@ -28,9 +28,9 @@ from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.bench.kernel_profile import kernel_breakdown, time_step, write_profile
 from tokenspeed_aio.bench.roofline import layer_params, measure_matmul_peak, prompt_flops
 from tokenspeed_aio.bench.shapes import checkpoint_dir
+from tokenspeed_aio.data_plane.batch_inputs import build_host_batch
 from tokenspeed_aio.data_plane.device import build_device_side
 from tokenspeed_aio.data_plane.specs import RankInfo
-from tokenspeed_aio.model.batch_inputs import build_host_batch
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.scheduler.plan import ScheduledRow
 

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from tokenspeed_aio.api.engine import AsyncEngine
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.bench.shapes import checkpoint_dir
+from tokenspeed_aio.sampling_params import SamplingParams
 
 GAP_US = 1.0  # idle stretches shorter than this are the hardware's own kernel turnaround
 

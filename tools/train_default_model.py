@@ -26,7 +26,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer
 
-from tokenspeed_aio.chat_tokens import (
+from tools.chat_tokens import (
     CHAT_TEMPLATE,
     END_TOKEN,
     EOS_TOKEN,

@@ -20,7 +20,7 @@ def _assert_same_draws(sampled, expected, logits, temperatures, seeds, output_in
     """Equal ids, except where the two scores are within float noise (a near-tie can flip
     when libm and the kernel's log differ in the last bit)."""
     for row in (sampled != expected).nonzero().flatten().tolist():
-        from tokenspeed_aio.model.sampling.noise import gumbel_noise
+        from tokenspeed_kernels.noise import gumbel_noise
 
         ids = torch.arange(logits.shape[1], device=logits.device)
         noise = gumbel_noise(seeds[row : row + 1], output_indices[row : row + 1], ids)[0]

@@ -105,9 +105,9 @@ def sample_reference(
     output_indices: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(greedy ids, sampled ids), int64 [B], as the engine's sampler draws them: the Gumbel-max
-    ``argmax(logits / T + g)`` with the counter-based noise of ``model/sampling/noise.py``
+    ``argmax(logits / T + g)`` with the counter-based noise of ``tokenspeed_kernels/noise.py``
     (the spec the kernel follows); rows with temperature <= 0 sample greedily."""
-    from tokenspeed_aio.model.sampling.noise import gumbel_noise
+    from tokenspeed_kernels.noise import gumbel_noise
 
     logits = logits.float()
     greedy = logits.argmax(-1)

@@ -14,7 +14,7 @@ second kernel that merges their maxima: one program streaming a 128k-entry row t
 
 Sampling is the Gumbel-max draw of the engine's sampler, ``argmax_v(logits_v / T + g_v)``,
 which picks ``v`` with probability ``softmax(logits / T)[v]``. ``g`` is the counter-based noise
-of ``tokenspeed_aio/model/sampling/noise.py`` (the spec), reproduced here bit for bit:
+of ``tokenspeed_kernels/noise.py`` (the spec), reproduced here bit for bit:
 int64 lanes holding 31-bit values, ``mix(x, c) = ((x * c) ^ ((x * c) >> 31)) & (2**31 - 1)``::
 
     words  = [seed & M31, (seed >> 31) & M31, (seed >> 62) & 3, output_index & M31]
@@ -35,7 +35,7 @@ import triton.language as tl
 
 from tokenspeed_kernels import precise_math
 
-# Must equal the constants of tokenspeed_aio/model/sampling/noise.py (a test checks the draws).
+# Must equal the constants of tokenspeed_kernels/noise.py (a test checks the draws).
 _M31 = tl.constexpr(0x7FFFFFFF)
 _IV_A = tl.constexpr(0x165667B1)
 _IV_B = tl.constexpr(0x27D4EB2F)

@@ -3,8 +3,8 @@ tokens reach the client and the scheduler, and when a request ends."""
 
 from __future__ import annotations
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.control.output import OutputProcessor
+from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
     ForwardCommitted,
@@ -20,7 +20,7 @@ EOS = 2
 
 def request(rid: str, max_output: int = 8, **params) -> Request:
     sp = SamplingParams(temperature=0.0, max_tokens=max_output, **params)
-    return Request(rid, [1, 1, 1], sp, seed=0, max_output=max_output, arrival=0)
+    return Request(rid, [1, 1, 1], sp, seed=0, max_output=max_output)
 
 
 def row(rid: str, sample: bool = True, grammar: object | None = None) -> ScheduledRow:

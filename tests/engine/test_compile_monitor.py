@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from tokenspeed_aio.data_plane.compile_monitor import CHECK_ENV, CompileMonitor, JitCompileError
+from tokenspeed_aio.guards.compile_monitor import CHECK_ENV, CompileMonitor, JitCompileError
 
 
 def compile_on_this_thread(monitor: CompileMonitor, name: str = "_decode_kernel") -> None:

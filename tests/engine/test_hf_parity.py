@@ -8,7 +8,7 @@ from helpers.generation import final_outputs
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 
 MAX_TOKENS = 12
 

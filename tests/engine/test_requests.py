@@ -9,8 +9,8 @@ import pytest
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy, hf_prompt_logprobs
 
-from tokenspeed_aio.api.errors import InvalidRequestError, RequestConflictError
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.errors import InvalidRequestError, RequestConflictError
+from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.messages import GenerateRequest
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -212,7 +212,7 @@ class ManualRounds:
 
     def submit(self, rid, ids=(5, 6, 7), max_tokens=4, **kw):
         params = SamplingParams(max_tokens=max_tokens, **GREEDY, **kw)
-        self.transport.put(GenerateRequest(rid, list(ids), params, 0, 0.0))
+        self.transport.put(GenerateRequest(rid, list(ids), params, 0))
 
     def finals(self, rid):
         return [o for o in self.outputs if o.rid == rid and o.finished]
@@ -230,7 +230,7 @@ class ManualRounds:
 async def manual(ckpt):
     from tokenspeed_aio.args import EngineArgs
     from tokenspeed_aio.control.transport import LocalTransport
-    from tokenspeed_aio.rank import EngineRank
+    from tokenspeed_aio.engine.rank import EngineRank
 
     transport = LocalTransport()
     args = EngineArgs(model=str(ckpt("llama")), num_kv_blocks=64, page_size=4, in_flight_depth=1)

@@ -12,8 +12,8 @@ from helpers.generation import final_output, final_outputs
 from helpers.prompts import parity_prompts
 
 from tokenspeed_aio.api.engine import AsyncEngine
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=0)
 

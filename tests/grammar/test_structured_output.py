@@ -15,8 +15,8 @@ import pytest
 from helpers.prompts import parity_prompts
 from helpers.schemas import SCHEMAS
 
-from tokenspeed_aio.api.errors import InvalidRequestError
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.errors import InvalidRequestError
+from tokenspeed_aio.sampling_params import SamplingParams
 
 
 async def final(engine, params, ids=None, prompt="Reply:"):

@@ -14,7 +14,7 @@ import functools
 import json
 from pathlib import Path
 
-from tokenspeed_aio.chat_tokens import CHAT_TEMPLATE, EOS_TOKEN, train_byte_level_bpe
+from tools.chat_tokens import CHAT_TEMPLATE, EOS_TOKEN, train_byte_level_bpe
 
 ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 

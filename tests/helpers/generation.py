@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 
 
 async def final_output(engine, params: SamplingParams, ids: list[int] | None = None, prompt=None):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from tokenspeed_aio.model.cuda_graph import DecodeRows, pack_rows, staged_fields
+from tokenspeed_aio.data_plane.cuda_graph import DecodeRows, pack_rows, staged_fields
 
 
 def _rows(n: int) -> DecodeRows:

@@ -18,7 +18,7 @@ from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
-from tokenspeed_aio.api.errors import EngineDeadError
+from tokenspeed_aio.errors import EngineDeadError
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 SMALL = dict(max_model_len=512, page_size=4, num_kv_blocks=256, max_num_seqs=16)

@@ -21,7 +21,7 @@ import pytest
 
 from reliability.harness import GREEDY, run_thread_server
 from reliability.workload import run_workload
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 
 REQUESTS = 500
 
@@ -114,7 +114,7 @@ async def test_cancelled_generate_consumers_leave_no_state(served):
 async def reuse_after_abort(engine, rounds: int) -> dict[str, int]:
     """Abort a running request and resubmit its rid at once, ``rounds`` times: each
     reuse is refused (RequestConflictError) or yields exactly the reference tokens."""
-    from tokenspeed_aio.api.errors import RequestConflictError
+    from tokenspeed_aio.errors import RequestConflictError
 
     params = SamplingParams(max_tokens=6, **GREEDY)
     ids = [5, 6, 7, 8]

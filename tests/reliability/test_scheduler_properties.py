@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.scheduler.block_pool import NULL_BLOCK
 from tokenspeed_aio.scheduler.plan import ForwardCommitted, RequestFinished
 from tokenspeed_aio.scheduler.request import Request, Status
@@ -81,7 +81,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_id += 1
         max_output = min(max_tokens, MAX_MODEL_LEN - len(prompt))
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        req = Request(rid, prompt, params, seed=0, max_output=max_output, arrival=0)
+        req = Request(rid, prompt, params, seed=0, max_output=max_output)
         fits = -(-len(prompt) // self.config.page_size) <= self.config.num_blocks - 1
         try:
             self.sched.submit([req])

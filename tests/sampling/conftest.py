@@ -2,8 +2,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.model.sampling import SamplingState
+from tokenspeed_aio.sampling_params import SamplingParams
 
 MakeState = Callable[..., SamplingState]
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.model.sampling import Sampler, compute_token_logprobs
 from tokenspeed_aio.model.sampling import sampler as sampler_module
+from tokenspeed_aio.sampling_params import SamplingParams
 
 VOCAB = 1000
 GREEDY = SamplingParams(temperature=0.0)

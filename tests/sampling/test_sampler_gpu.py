@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from tokenspeed_kernels.noise import uniform_noise
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.model.sampling import Sampler
-from tokenspeed_aio.model.sampling.noise import uniform_noise
+from tokenspeed_aio.sampling_params import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.model.sampling.filters import apply_min_p, apply_top_k_top_p
 from tokenspeed_aio.model.sampling.penalties import apply_min_tokens_ban, apply_penalties
+from tokenspeed_aio.sampling_params import SamplingParams
 
 VOCAB = 64
 

@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.model.sampling import Sampler, SamplingState
+from tokenspeed_aio.sampling_params import SamplingParams
 
 VOCAB = 50
 GREEDY = SamplingParams(temperature=0.0)

@@ -9,7 +9,7 @@ from collections import deque
 import pytest
 from helpers.sim_device import SimDevice, reference
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.scheduler.kv_events import BlockRemoved, BlockStored
 from tokenspeed_aio.scheduler.plan import ForwardCommitted, RequestFinished
 from tokenspeed_aio.scheduler.request import Request
@@ -20,7 +20,7 @@ EOS = 5
 
 def make_request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
-    return Request(rid, prompt, params, seed=0, max_output=max_tokens, arrival=0)
+    return Request(rid, prompt, params, seed=0, max_output=max_tokens)
 
 
 class Driver:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
 PROMPTS = ["The quick brown fox", "def main():", "Hello"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
 from tokenspeed_aio.server.metrics import ServerMetrics
 

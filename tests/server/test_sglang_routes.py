@@ -9,7 +9,7 @@ import httpx
 import pytest
 from server.conftest import wait_idle
 
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

@@ -11,14 +11,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from tokenspeed_aio.api.errors import EngineDeadError
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.control.transport import LocalTransport
+from tokenspeed_aio.errors import EngineDeadError
 from tokenspeed_aio.model_source import resolve_model_path
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import InboundMessage, OutputBatch, StopEngine
 
 logger = logging.getLogger(__name__)
@@ -127,11 +127,11 @@ class AsyncEngine:
             Tokenizer, args.tokenizer or model_path, args.chat_template
         )
         if args.world_size > 1:
-            from tokenspeed_aio.engine_processes import start_engine_processes
+            from tokenspeed_aio.engine.processes import start_engine_processes
 
             backend = _RemoteRanks(await start_engine_processes(args))
         else:
-            from tokenspeed_aio.rank import EngineRank
+            from tokenspeed_aio.engine.rank import EngineRank
 
             transport = LocalTransport()
             backend = _LocalRank(await EngineRank.start(args, transport), transport)

@@ -15,17 +15,17 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from tokenspeed_aio.api.errors import (
+from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.api.stream import RequestStream
+from tokenspeed_aio.errors import (
     EngineDeadError,
     EngineError,
     InvalidRequestError,
     RequestConflictError,
 )
-from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.api.sampling_params import SamplingParams
-from tokenspeed_aio.api.stream import RequestStream
-from tokenspeed_aio.server.detokenizer import IncrementalDetokenizer
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.tokenization.detokenizer import IncrementalDetokenizer
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
     GenerateRequest,
@@ -155,7 +155,7 @@ class Frontend:
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         replica = self.route()
         stream = self.streams[rid] = RequestStream(rid, params, detok, replica)
-        self.connection.send(GenerateRequest(rid, ids, params, seed, time.time()), replica)
+        self.connection.send(GenerateRequest(rid, ids, params, seed), replica)
         for other in range(self.num_replicas):
             if other != replica:
                 self.connection.send(Wake(), other)

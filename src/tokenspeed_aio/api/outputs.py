@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenspeed_aio.scheduler.plan import TokenLogprobs
+from tokenspeed_aio.wire.messages import TokenLogprobs
 
 
 @dataclass(slots=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenspeed_aio.api.errors import EngineError, error_from_status
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.api.sampling_params import SamplingParams
-from tokenspeed_aio.server.detokenizer import IncrementalDetokenizer, StopStrings
+from tokenspeed_aio.errors import EngineError, error_from_status
+from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.tokenization.detokenizer import IncrementalDetokenizer, StopStrings
 from tokenspeed_aio.wire.messages import TokenOutput
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.control.round_stats import RoundSample
+from tokenspeed_aio.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

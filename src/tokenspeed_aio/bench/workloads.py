@@ -30,7 +30,7 @@ class TokenSpace:
     @classmethod
     def from_model_dir(cls, path: str | Path, tokenizer: str | Path | None = None) -> TokenSpace:
         from tokenspeed_aio.model.config import ModelConfig
-        from tokenspeed_aio.server.tokenizer import Tokenizer
+        from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
         config = ModelConfig.from_pretrained(path)
         tok = Tokenizer(tokenizer or path)

@@ -9,14 +9,14 @@ from tokenspeed_aio.client.errors import (
     StreamError,
 )
 from tokenspeed_aio.client.stream import Stream
-from tokenspeed_aio.server.protocol import (
+from tokenspeed_aio.protocol.openai import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
     ModelList,
     Usage,
 )
-from tokenspeed_aio.server.protocol_sglang import GenerateResult
+from tokenspeed_aio.protocol.sglang import GenerateResult
 
 __all__ = [
     "APIConnectionError",

@@ -24,7 +24,7 @@ import msgspec
 
 from tokenspeed_aio.client.errors import APIConnectionError, status_error
 from tokenspeed_aio.client.stream import Stream
-from tokenspeed_aio.server.protocol import (
+from tokenspeed_aio.protocol.openai import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -32,7 +32,7 @@ from tokenspeed_aio.server.protocol import (
     CompletionRequest,
     ModelList,
 )
-from tokenspeed_aio.server.protocol_sglang import (
+from tokenspeed_aio.protocol.sglang import (
     AbortRequest,
     AbortResult,
     GenerateRequest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tokenspeed_aio.server.protocol import ErrorDetail, ErrorResponse
+from tokenspeed_aio.protocol.openai import ErrorDetail, ErrorResponse
 
 
 class ClientError(Exception):

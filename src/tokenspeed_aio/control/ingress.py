@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tokenspeed_aio.api.sampling_params import MAX_BANNED_IDS
 from tokenspeed_aio.control.output import refusal
+from tokenspeed_aio.sampling_params import MAX_BANNED_IDS
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
@@ -45,7 +45,6 @@ class Ingress:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)  # banned with stop ids by min_tokens
-        self._arrivals = 0
 
     def admit(
         self,
@@ -101,9 +100,7 @@ class Ingress:
             msg.params,
             seed=msg.seed,
             max_output=room if max_tokens is None else min(max_tokens, room),
-            arrival=self._arrivals,
         )
-        self._arrivals += 1
         batch[rid] = req
 
     def _validate(self, msg: GenerateRequest) -> str | None:

@@ -11,7 +11,8 @@ import contextlib
 import time
 from typing import Protocol
 
-from tokenspeed_aio.scheduler.plan import LoadReport
+import msgspec
+
 from tokenspeed_aio.wire.messages import InboundMessage, Load, OutputBatch, TokenOutput
 
 HEARTBEAT_SECONDS = 1.0
@@ -39,16 +40,9 @@ class LoadReporter:
         self._last_sent = 0.0
 
     def batch(
-        self, outputs: list[TokenOutput], report: LoadReport, jit: tuple[int, float] = (0, 0.0)
+        self, outputs: list[TokenOutput], load: Load, jit: tuple[int, float] = (0, 0.0)
     ) -> OutputBatch | None:
-        load = Load(
-            report.running,
-            report.waiting,
-            report.resident_blocks,
-            report.active_blocks,
-            report.total_blocks,
-            *jit,
-        )
+        load = msgspec.structs.replace(load, jit_compiles=jit[0], jit_compile_seconds=jit[1])
         now = time.monotonic()
         if not outputs and load == self._last and now - self._last_sent < HEARTBEAT_SECONDS:
             return None

@@ -15,23 +15,23 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_aio.args import EngineArgs
-from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
-from tokenspeed_aio.data_plane.host_sync import allow_host_sync, arm_sync_debug
+from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
+from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
+from tokenspeed_aio.data_plane.landing import LaunchedForward
+from tokenspeed_aio.data_plane.memory_profile import activation_peak_bytes
+from tokenspeed_aio.data_plane.runner import ModelRunner
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
+from tokenspeed_aio.guards.compile_monitor import compile_monitor
+from tokenspeed_aio.guards.host_sync import allow_host_sync, arm_sync_debug
 from tokenspeed_aio.model.attention.registry import create_backend
 from tokenspeed_aio.model.config import ModelConfig
-from tokenspeed_aio.model.cuda_graph import default_capture_sizes
-from tokenspeed_aio.model.grammar_mask import warm_up_bitmask_kernel
 from tokenspeed_aio.model.kv_cache import (
     allocate_kv_cache,
     kv_cache_bytes_per_block,
     local_num_kv_heads,
 )
-from tokenspeed_aio.model.landing import LaunchedForward
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
-from tokenspeed_aio.model.memory_profile import activation_peak_bytes
 from tokenspeed_aio.model.parallel import init_tensor_parallel
-from tokenspeed_aio.model.runner import ModelRunner
 from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 

@@ -33,7 +33,10 @@ logger = logging.getLogger(__name__)
 GIL_SWITCH_INTERVAL = 0.0005
 
 
-class LaunchedForward(Protocol):
+class Landable(Protocol):
+    """A launched forward as the landing thread sees it (data_plane/landing.py's
+    LaunchedForward): an event to wait on, then plain results to collect."""
+
     event: Any  # torch.cuda.Event recorded after the result copies, or None on CPU
 
     def collect(self) -> ForwardResult:
@@ -44,7 +47,7 @@ class LaunchedForward(Protocol):
 class Handle(Protocol):
     def enter_serving(self) -> None: ...
 
-    def execute(self, plan: ExecutionPlan) -> LaunchedForward: ...
+    def execute(self, plan: ExecutionPlan) -> Landable: ...
 
     def idle_forward(self) -> None: ...
 
@@ -66,7 +69,7 @@ class _Stop:
     """Queue sentinel: the thread exits after running everything queued before it."""
 
 
-class HostDataPlane:
+class ForwardThreadDataPlane:
     """Implements control.data_plane.DataPlane over a forward thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, name: str = "ts-forward") -> None:

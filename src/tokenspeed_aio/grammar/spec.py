@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 
 
 class GrammarSpec(NamedTuple):

@@ -72,10 +72,6 @@ class BlockPool:
         """Blocks holding data: active plus cached-only."""
         return self.num_usable - self._num_empty
 
-    @property
-    def num_cached(self) -> int:
-        return len(self._cache)
-
     def ref_count(self, block: int) -> int:
         return self._ref[block]
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import msgspec
-
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.wire.messages import TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +88,6 @@ class ExecutionPlan:
         return [r for r in self.rows if r.sample]
 
 
-class TokenLogprobs(msgspec.Struct, array_like=True):
-    """Logprob of a chosen token and the top-N alternatives (raw model distribution).
-    A msgspec Struct: it rides the output wire unchanged."""
-
-    logprob: float
-    top: list[tuple[int, float]]
-
-
 @dataclass(slots=True)
 class ForwardResult:
     """Plain-Python results of one forward, built from the landed host copies."""
@@ -125,14 +116,3 @@ class RequestFinished:
     """Tail event: the output module ended this request (stop, length, abort)."""
 
     rid: str
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    """Scheduler load, sent with every output batch and as the idle heartbeat."""
-
-    running: int
-    waiting: int
-    resident_blocks: int
-    active_blocks: int
-    total_blocks: int

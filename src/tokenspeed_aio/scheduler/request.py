@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import SamplingParams
 
 
 class Status(enum.Enum):
@@ -21,7 +21,6 @@ class Status(enum.Enum):
 
 class Request:
     __slots__ = (
-        "arrival",
         "block_hashes",
         "block_ids",
         "grammar",
@@ -54,7 +53,6 @@ class Request:
         *,
         seed: int,
         max_output: int,
-        arrival: int,
     ) -> None:
         self.rid = rid
         self.token_ids = list(prompt_token_ids)  # prompt + committed outputs
@@ -64,7 +62,6 @@ class Request:
         self.num_prompt_logprobs = params.prompt_logprobs or 0  # top-N, read by every row
         self.seed = seed
         self.max_output = max_output  # max_tokens capped by the context length
-        self.arrival = arrival
         self.status = Status.WAITING
         self.num_computed = 0
         self.num_pending = 0

@@ -18,13 +18,13 @@ from tokenspeed_aio.scheduler.kv_events import KVEvent
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
     ForwardCommitted,
-    LoadReport,
     NewSlotOwner,
     PlannedAbort,
     RequestFinished,
     ScheduledRow,
 )
 from tokenspeed_aio.scheduler.request import Request, Status
+from tokenspeed_aio.wire.messages import Load
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,6 @@ class Scheduler:
         # plan id -> the dispatched plan's requests, aligned with its rows
         self._inflight: dict[int, tuple[list[Request], list[ScheduledRow]]] = {}
         self._next_plan_id = 0
-        self._arrivals = 0
         self.num_retractions = 0  # preemptions since start (a metric)
 
     # -- admission ----------------------------------------------------------
@@ -73,9 +72,7 @@ class Scheduler:
             seen.add(req.rid)
         now = time.monotonic()
         for req in batch:
-            req.arrival = self._arrivals
             req.submitted_at = now
-            self._arrivals += 1
             self.requests[req.rid] = req
             self.waiting.append(req)
 
@@ -423,8 +420,8 @@ class Scheduler:
     def drain_kv_events(self) -> list[KVEvent]:
         return self.pool.events.drain()
 
-    def load(self) -> LoadReport:
-        return LoadReport(
+    def load(self) -> Load:
+        return Load(
             running=len(self.running),
             waiting=len(self.waiting),
             resident_blocks=self.pool.num_resident,

@@ -9,8 +9,8 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from tokenspeed_aio.api.errors import EngineError
-from tokenspeed_aio.server.protocol import ErrorDetail, ErrorResponse
+from tokenspeed_aio.errors import EngineError
+from tokenspeed_aio.protocol.openai import ErrorDetail, ErrorResponse
 
 # OpenAI's error types by status; anything else is a server_error.
 ERROR_TYPES = {

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tokenspeed_aio.api.errors import InvalidRequestError, RequestConflictError
 from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS, Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.errors import InvalidRequestError, RequestConflictError
+from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.metrics import ServerMetrics
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

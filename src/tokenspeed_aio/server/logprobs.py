@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenspeed_aio.scheduler.plan import TokenLogprobs
-from tokenspeed_aio.server.protocol import (
+from tokenspeed_aio.protocol.openai import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
     TopLogprob,
 )
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
+from tokenspeed_aio.wire.messages import TokenLogprobs
 
 
 class TokenTexts:

@@ -15,13 +15,13 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
-from tokenspeed_aio.api.errors import EngineError, InvalidRequestError
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.api.sampling_params import SamplingParams
+from tokenspeed_aio.errors import EngineError, InvalidRequestError
+from tokenspeed_aio.protocol.openai import PromptTokensDetails, SamplingFields, Usage
+from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.body import json_response
 from tokenspeed_aio.server.errors import ApiError, error_payload, payload_for
 from tokenspeed_aio.server.generation import Fanout, Job
-from tokenspeed_aio.server.protocol import PromptTokensDetails, SamplingFields, Usage
 from tokenspeed_aio.server.streaming import DONE, sse_event
 
 logger = logging.getLogger(__name__)

@@ -11,14 +11,14 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from tokenspeed_aio.server import protocol, protocol_sglang
+from tokenspeed_aio.protocol import openai, sglang
 
 # POST route -> the Struct its body is decoded as.
 REQUEST_BODIES: dict[str, type] = {
-    "/v1/completions": protocol.CompletionRequest,
-    "/v1/chat/completions": protocol.ChatCompletionRequest,
-    "/generate": protocol_sglang.GenerateRequest,
-    "/abort_request": protocol_sglang.AbortRequest,
+    "/v1/completions": openai.CompletionRequest,
+    "/v1/chat/completions": openai.ChatCompletionRequest,
+    "/generate": sglang.GenerateRequest,
+    "/abort_request": sglang.AbortRequest,
 }
 
 

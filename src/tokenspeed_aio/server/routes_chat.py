@@ -14,6 +14,17 @@ from starlette.responses import Response
 
 from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS
 from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.protocol.openai import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatLogprobs,
+    ChatMessage,
+)
 from tokenspeed_aio.server.body import parse_body
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
@@ -25,17 +36,6 @@ from tokenspeed_aio.server.openai_common import (
     sampling_params,
     sse_stream,
     usage,
-)
-from tokenspeed_aio.server.protocol import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatDelta,
-    ChatLogprobs,
-    ChatMessage,
 )
 from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
 

@@ -11,6 +11,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.protocol.openai import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+)
 from tokenspeed_aio.server.body import parse_body
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
@@ -22,12 +28,6 @@ from tokenspeed_aio.server.openai_common import (
     sampling_params,
     sse_stream,
     usage,
-)
-from tokenspeed_aio.server.protocol import (
-    Completion,
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionRequest,
 )
 from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
 

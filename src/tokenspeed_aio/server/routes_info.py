@@ -7,10 +7,10 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from tokenspeed_aio.protocol.openai import ModelCard, ModelList
 from tokenspeed_aio.server.body import json_response
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import error_response
-from tokenspeed_aio.server.protocol import ModelCard, ModelList
 
 
 def info_router(ctx: ServerContext) -> APIRouter:

@@ -10,15 +10,9 @@ import uuid
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from tokenspeed_aio.api.errors import InvalidRequestError, RequestConflictError
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.api.sampling_params import SamplingParams
-from tokenspeed_aio.server.body import json_response, parse_body
-from tokenspeed_aio.server.context import ServerContext
-from tokenspeed_aio.server.errors import ApiError
-from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
-from tokenspeed_aio.server.openai_common import collect, renamed, sse_stream
-from tokenspeed_aio.server.protocol_sglang import (
+from tokenspeed_aio.errors import InvalidRequestError, RequestConflictError
+from tokenspeed_aio.protocol.sglang import (
     AbortRequest,
     AbortResult,
     GenerateFinishReason,
@@ -27,6 +21,12 @@ from tokenspeed_aio.server.protocol_sglang import (
     GenerateSamplingParams,
     MetaInfo,
 )
+from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.server.body import json_response, parse_body
+from tokenspeed_aio.server.context import ServerContext
+from tokenspeed_aio.server.errors import ApiError
+from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
+from tokenspeed_aio.server.openai_common import collect, renamed, sse_stream
 from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tokenspeed_aio.args import EngineArgs
-from tokenspeed_aio.launcher import RankFailure, ShutdownLatch
+from tokenspeed_aio.engine.launcher import RankFailure, ShutdownLatch
 from tokenspeed_aio.model_source import resolve_model_path
 
 logger = logging.getLogger("tokenspeed_aio.serve")
@@ -33,11 +33,11 @@ def run_server(args: EngineArgs, ns: argparse.Namespace) -> int:
 
 
 async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
-    from tokenspeed_aio.api.errors import EngineDeadError
     from tokenspeed_aio.api.frontend import Frontend
-    from tokenspeed_aio.engine_processes import start_engine_processes
+    from tokenspeed_aio.engine.processes import start_engine_processes
+    from tokenspeed_aio.errors import EngineDeadError
     from tokenspeed_aio.server.app import build_app, serve_http
-    from tokenspeed_aio.server.tokenizer import Tokenizer
+    from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
     model_path = resolve_model_path(args.model)
     name = args.served_model_name or (
@@ -47,7 +47,7 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     latch = ShutdownLatch()
     latch.install_signal_handlers()
     if args.node_rank > 0:
-        from tokenspeed_aio.engine_processes import run_headless_node
+        from tokenspeed_aio.engine.processes import run_headless_node
 
         return await run_headless_node(args, latch, ns.log_level)
     tokenizer = await asyncio.to_thread(Tokenizer, args.tokenizer or model_path, args.chat_template)

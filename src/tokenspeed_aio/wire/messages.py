@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
-from tokenspeed_aio.api.sampling_params import SamplingParams
-from tokenspeed_aio.scheduler.plan import TokenLogprobs
+from tokenspeed_aio.sampling_params import SamplingParams
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 
 # -- frontend -> engine -------------------------------------------------------
@@ -21,7 +20,6 @@ class GenerateRequest(msgspec.Struct, tag=True, array_like=True):
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int  # resolved by the frontend so every rank samples alike
-    arrival_time: float
 
 
 class AbortRequest(msgspec.Struct, tag=True, array_like=True):
@@ -41,8 +39,16 @@ InboundMessage = GenerateRequest | AbortRequest | StopEngine | Wake
 
 
 # -- engine -> frontend -------------------------------------------------------
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """Logprob of a chosen token and the top-N alternatives (raw model distribution)."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
 class Load(msgspec.Struct, array_like=True, frozen=True):
-    """The scheduler's load report (see scheduler.plan.LoadReport)."""
+    """The scheduler's load, sent with every output batch and as the idle heartbeat; the
+    JIT counts are the data plane's, filled in by the load reporter."""
 
     running: int
     waiting: int

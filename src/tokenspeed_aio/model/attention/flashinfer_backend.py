@@ -36,8 +36,8 @@ import flashinfer
 import numpy as np
 import torch
 
-from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
-from tokenspeed_aio.data_plane.host_sync import allow_host_sync
+from tokenspeed_aio.guards.compile_monitor import compile_monitor
+from tokenspeed_aio.guards.host_sync import allow_host_sync
 from tokenspeed_aio.model.attention.kv_store import StoredKVBackend
 from tokenspeed_aio.model.attention.page_table import paged_kv
 from tokenspeed_aio.model.forward_context import ForwardContext

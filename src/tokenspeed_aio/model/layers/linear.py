@@ -158,19 +158,6 @@ class _ColumnShardedLinear(nn.Module):
         param.data.narrow(0, dst, n).copy_(loaded.narrow(0, src, n))
 
 
-class ColumnParallelLinear(_ColumnShardedLinear):
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        local = divide(output_size, tp_size(), "output size")
-        super().__init__(input_size, local, bias)
-        self.output_size = output_size
-
-    def weight_loader(
-        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None
-    ) -> None:
-        n = param.shape[0]
-        self._copy_rows(param, loaded, self.output_size, self.tp_rank * n, 0, n)
-
-
 class MergedColumnParallelLinear(_ColumnShardedLinear):
     """Several column-parallel projections of the same input in one matmul (gate_up_proj).
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from tokenspeed_kernels.noise import gumbel_noise
 
 from tokenspeed_aio.model.sampling.batch import SamplingBatch
 from tokenspeed_aio.model.sampling.filters import apply_min_p, apply_top_k_top_p
-from tokenspeed_aio.model.sampling.noise import gumbel_noise
 from tokenspeed_aio.model.sampling.penalties import apply_min_tokens_ban, apply_penalties
 
 # Rows per noise chunk are chosen so one chunk's int64 hash stays near 128 MiB

@@ -23,8 +23,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tokenspeed_aio.api.sampling_params import MAX_BANNED_IDS, SamplingParams
 from tokenspeed_aio.model.sampling.batch import SamplingBatch
+from tokenspeed_aio.sampling_params import MAX_BANNED_IDS, SamplingParams
 
 logger = logging.getLogger(__name__)
 

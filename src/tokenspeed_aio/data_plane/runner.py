@@ -17,14 +17,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from tokenspeed_aio.data_plane.compile_monitor import compile_monitor
-from tokenspeed_aio.data_plane.host_sync import host_to_device
-from tokenspeed_aio.model.batch_inputs import HostBatch, build_host_batch
-from tokenspeed_aio.model.cuda_graph import DecodeGraphs, DecodeRows
+from tokenspeed_aio.data_plane.batch_inputs import HostBatch, build_host_batch
+from tokenspeed_aio.data_plane.cuda_graph import DecodeGraphs, DecodeRows
+from tokenspeed_aio.data_plane.forward_timeline import ForwardTimeline
+from tokenspeed_aio.data_plane.grammar_mask import fill_token_bitmask
+from tokenspeed_aio.data_plane.landing import Landing, LaunchedForward, to_host
+from tokenspeed_aio.guards.compile_monitor import compile_monitor
+from tokenspeed_aio.guards.host_sync import host_to_device
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
-from tokenspeed_aio.model.forward_timeline import ForwardTimeline
-from tokenspeed_aio.model.grammar_mask import fill_token_bitmask
-from tokenspeed_aio.model.landing import Landing, LaunchedForward, to_host
 from tokenspeed_aio.model.sampling.sampler import Sampler, compute_token_logprobs
 from tokenspeed_aio.model.sampling.state import SamplingState
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ScheduledRow

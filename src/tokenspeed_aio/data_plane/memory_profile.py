@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tokenspeed_aio.data_plane.host_sync import allow_host_sync
+from tokenspeed_aio.guards.host_sync import allow_host_sync
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
 from tokenspeed_aio.model.kv_cache import allocate_kv_cache
 

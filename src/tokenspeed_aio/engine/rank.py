@@ -49,10 +49,10 @@ class EngineRank:
         dp_group: DpGroup | None = None,
         faults: FaultInjector | None = None,
     ) -> EngineRank:
-        from tokenspeed_aio.data_plane.forward_thread import HostDataPlane
+        from tokenspeed_aio.data_plane.forward_thread import ForwardThreadDataPlane
 
         rank = rank or RankInfo()
-        data_plane = HostDataPlane(asyncio.get_running_loop())
+        data_plane = ForwardThreadDataPlane(asyncio.get_running_loop())
         try:
             specs = await data_plane.build(args, rank)
         except BaseException:

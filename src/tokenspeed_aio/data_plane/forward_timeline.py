@@ -12,7 +12,7 @@ from collections import deque
 
 import torch
 
-from tokenspeed_aio.data_plane.host_sync import allow_host_sync
+from tokenspeed_aio.guards.host_sync import allow_host_sync
 
 
 class ForwardTimeline:

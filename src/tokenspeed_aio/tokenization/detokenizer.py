@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenspeed_aio.server.tokenizer import Tokenizer
+from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
 CONTEXT_TOKENS = 5  # prompt tokens that seed the window
 

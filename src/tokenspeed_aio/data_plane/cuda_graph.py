@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tokenspeed_aio.data_plane.host_sync import allow_host_sync
+from tokenspeed_aio.guards.host_sync import allow_host_sync
 from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
 from tokenspeed_aio.model.sampling.sampler import argmax_tokens
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import tokenizers
 
-from tokenspeed_aio.api.errors import InvalidRequestError
-from tokenspeed_aio.server.chat_template import ChatTemplate, load_template
+from tokenspeed_aio.errors import InvalidRequestError
+from tokenspeed_aio.tokenization.chat_template import ChatTemplate, load_template
 
 
 def _token_text(value: Any) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tokenspeed_aio.api.errors import InvalidRequestError
+from tokenspeed_aio.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20  # top-N logprobs per token, the OpenAI API's own limit
 MAX_N = 16

@@ -10,8 +10,8 @@ import socket
 from dataclasses import dataclass
 
 from tokenspeed_aio.args import EngineArgs
-from tokenspeed_aio.launcher import Launcher, RankFailure, ShutdownLatch
-from tokenspeed_aio.rank_process import RankLaunch
+from tokenspeed_aio.engine.launcher import Launcher, RankFailure, ShutdownLatch
+from tokenspeed_aio.engine.rank_process import RankLaunch
 from tokenspeed_aio.wire.messages import EngineRegistration, StopEngine
 from tokenspeed_aio.wire.zmq_client import Endpoints, ZmqEngineClient
 

@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tokenspeed_aio.api.errors import InvalidRequestError
+from tokenspeed_aio.errors import InvalidRequestError
 
 
 def _raise(message: str) -> None:

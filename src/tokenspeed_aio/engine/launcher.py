@@ -9,7 +9,7 @@ ownership").
   cleanup started, later notifications cannot interrupt it.
 * Signal callbacks only set a flag; cleanup runs outside the callback.
 
-Ranks are fresh interpreters (``python -m tokenspeed_aio.rank_process``), not
+Ranks are fresh interpreters (``python -m tokenspeed_aio.engine.rank_process``), not
 multiprocessing children: they never re-import the embedding program's main module.
 Each gets its launch spec on stdin and a ready channel (a pipe) as an inherited fd.
 """
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from tokenspeed_aio.rank_process import RankLaunch
+from tokenspeed_aio.engine.rank_process import RankLaunch
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class _Rank:
         self.launch = launch
         read_fd, write_fd = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenspeed_aio.rank_process", str(write_fd)],
+            [sys.executable, "-m", "tokenspeed_aio.engine.rank_process", str(write_fd)],
             stdin=subprocess.PIPE,
             pass_fds=(write_fd,),
             start_new_session=False,

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult, ScheduledRow, TokenLogprobs
+from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult, ScheduledRow
+from tokenspeed_aio.wire.messages import TokenLogprobs
 
 
 @dataclass(slots=True)

@@ -72,7 +72,7 @@ async def _serve(launch: RankLaunch, report) -> None:
     from tokenspeed_aio.collective import Mesh, Ranks, Rendezvous
     from tokenspeed_aio.control.faults import FaultInjector
     from tokenspeed_aio.data_plane.specs import RankInfo
-    from tokenspeed_aio.rank import EngineRank
+    from tokenspeed_aio.engine.rank import EngineRank
     from tokenspeed_aio.wire.messages import WIRE_VERSION, EngineRegistration
     from tokenspeed_aio.wire.zmq_transport import ZmqTransport
 

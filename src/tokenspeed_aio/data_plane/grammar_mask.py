@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tokenspeed_aio.data_plane.host_sync import host_to_device
+from tokenspeed_aio.guards.host_sync import host_to_device
 from tokenspeed_aio.scheduler.plan import ScheduledRow
 
 
