@@ -1,9 +1,8 @@
 """The counter-based noise hash: deterministic, in range, and well distributed."""
 
 import torch
-from tokenspeed_kernels.noise import gumbel_noise, hash_tokens, uniform_noise
-
 from tokenspeed_kernels import noise
+from tokenspeed_kernels.noise import gumbel_noise, hash_tokens, uniform_noise
 
 
 def _coords(num_rows: int, vocab_size: int, *, seed0: int = 0, step: int = 0):

@@ -15,7 +15,7 @@ into the paged cache, and attending each row's new queries over its cached posit
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -29,6 +29,16 @@ if TYPE_CHECKING:
     Rope = tuple[RotaryEmbedding, torch.Tensor]
     # The layer's per-head norms of q and of k, each an RMSNorm over head_dim (Qwen3).
     QKNorm = tuple[RMSNorm, RMSNorm]
+
+
+class KVWrite(NamedTuple):
+    """Where a product that rotates q/k and writes k/v as its epilogue puts them: one
+    layer's caches, the forward's slots, the rotary embedding and positions."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    rope: Rope
 
 
 class AttentionBackend(ABC):
@@ -54,6 +64,19 @@ class AttentionBackend(ABC):
         forward is the replay (or capture) of the decode graph of that batch size, and the
         arrays are padded to it."""
         raise NotImplementedError(f"the {self.name} backend does not plan on the host")
+
+    def kv_write(
+        self, layer_idx: int, ctx: ForwardContext, rope: Rope | None, qk_norm: QKNorm | None
+    ) -> KVWrite | None:
+        """Where the layer's qkv product may rotate q/k and store k/v itself, so that the
+        layer then calls ``attend`` (``kv_store.StoredKVBackend``); None: the layer calls
+        ``forward`` with q/k/v (the default)."""
+        return None
+
+    def attend(self, q: torch.Tensor, layer_idx: int, ctx: ForwardContext) -> torch.Tensor:
+        """``forward`` for a q already rotated whose k/v are already in the cache; only
+        backends whose ``kv_write`` returns a target get here."""
+        raise NotImplementedError(f"the {self.name} backend stores k/v inside forward")
 
     @abstractmethod
     def forward(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from tokenspeed_kernels.kv_write import kv_write
 from tokenspeed_kernels.rotary import apply_rotary
 
-from tokenspeed_aio.model.attention.base import AttentionBackend
+from tokenspeed_aio.model.attention.base import AttentionBackend, KVWrite
 
 if TYPE_CHECKING:
     import torch
@@ -87,6 +87,16 @@ def store_layer_kv(
 
 class StoredKVBackend(AttentionBackend):
     """``forward`` = ``store_layer_kv``, then ``attend`` over the cache."""
+
+    def kv_write(
+        self, layer_idx: int, ctx: ForwardContext, rope: Rope | None, qk_norm: QKNorm | None
+    ) -> KVWrite | None:
+        # The product's epilogue rotates whole heads and norms nothing.
+        if rope is None or qk_norm is not None:
+            return None
+        return KVWrite(
+            ctx.k_caches[layer_idx], ctx.v_caches[layer_idx], ctx.attn.slot_mapping, rope
+        )
 
     def forward(
         self,

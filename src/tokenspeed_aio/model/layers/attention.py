@@ -2,22 +2,31 @@
 
 Projections live in the model's attention block; the q/k norms (Qwen3) and RoPE are applied
 by the backend (model/attention/) with the cache write, which a kernel backend fuses into one
-launch (or, at batch 1 without q/k norms, the qkv product's epilogue, and the layer calls
-``attend``); the attention math lives there too. The backend is chosen at startup and passed in
-``ctx`` so a layer never looks it up globally.
+launch. Where the backend allows it (``kv_write``) the qkv product itself rotates q/k and
+writes k/v as its epilogue, and the layer then only attends. The backend is chosen at startup
+and passed in ``ctx`` so a layer never looks it up globally.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from torch import nn
 
 if TYPE_CHECKING:
     import torch
 
-    from tokenspeed_aio.model.attention.base import QKNorm, Rope
+    from tokenspeed_aio.model.attention.base import KVWrite, QKNorm, Rope
     from tokenspeed_aio.model.forward_context import ForwardContext
+
+
+class QKV(NamedTuple):
+    """A layer's projected q/k/v (this rank's heads). ``k`` and ``v`` are None where the
+    product already rotated q and k and wrote k/v into the cache (``Attention.kv_write``)."""
+
+    q: torch.Tensor
+    k: torch.Tensor | None
+    v: torch.Tensor | None
 
 
 class Attention(nn.Module):
@@ -25,20 +34,22 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx  # selects this layer's KV cache pair in ctx
 
+    def kv_write(
+        self, ctx: ForwardContext, rope: Rope | None, qk_norm: QKNorm | None
+    ) -> KVWrite | None:
+        """Where this layer's qkv product may rotate q/k and write k/v itself (None: it
+        returns plain q/k/v)."""
+        return ctx.backend.kv_write(self.layer_idx, ctx, rope, qk_norm)
+
     def forward(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        qkv: QKV,
         ctx: ForwardContext,
         rope: Rope | None = None,
         qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
-        """q [n, Hq * D], k/v [n, Hkv * D] (this rank's heads) -> [n, Hq * D]; ``qk_norm``
-        norms q and k per head, then ``rope`` rotates them (the backend's contract)."""
-        return ctx.backend.forward(q, k, v, self.layer_idx, ctx, rope, qk_norm)
-
-    def attend(self, q: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """The attention alone, for a q already rotated whose k/v the caller already wrote
-        into this layer's cache (a ``kv_store.StoredKVBackend``'s ``attend``)."""
-        return ctx.backend.attend(q, self.layer_idx, ctx)
+        """q [n, Hq * D], k/v [n, Hkv * D] -> [n, Hq * D]; ``qk_norm`` norms q and k per
+        head, then ``rope`` rotates them (the backend's contract)."""
+        if qkv.k is None:
+            return ctx.backend.attend(qkv.q, self.layer_idx, ctx)
+        return ctx.backend.forward(qkv.q, qkv.k, qkv.v, self.layer_idx, ctx, rope, qk_norm)

@@ -11,16 +11,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from tokenspeed_aio.model.attention.kv_store import StoredKVBackend
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.forward_context import ForwardContext
 from tokenspeed_aio.model.layers.attention import Attention
 from tokenspeed_aio.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from tokenspeed_aio.model.layers.linear import (
-    QKVParallelLinear,
-    RowParallelLinear,
-    norm_linear_rope_kv,
-)
+from tokenspeed_aio.model.layers.linear import QKVParallelLinear, RowParallelLinear
 from tokenspeed_aio.model.layers.mlp import GatedMLP
 from tokenspeed_aio.model.layers.norm import RMSNorm
 from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
@@ -37,8 +32,6 @@ class LlamaAttention(nn.Module):
             config.num_key_value_heads,
             bias=config.attention_bias,
         )
-        self.q_size = self.qkv_proj.num_heads * config.head_dim
-        self.kv_size = self.qkv_proj.num_kv_heads * config.head_dim
         self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.qk_norm = config.qk_norm
         if config.qk_norm:
@@ -58,20 +51,11 @@ class LlamaAttention(nn.Module):
         """``(attention(norm(h)), h)`` with ``h = hidden_states + residual`` (``hidden_states``
         when residual is None)."""
         rope = (self.rotary_emb, positions)
-        if not self.qk_norm and isinstance(ctx.backend, StoredKVBackend):
-            layer = self.attn.layer_idx
-            fused = norm_linear_rope_kv(
-                norm, hidden_states, residual, self.qkv_proj.weight, self.qkv_proj.bias, rope,
-                ctx.k_caches[layer], ctx.v_caches[layer], ctx.attn.slot_mapping,
-            )  # fmt: skip
-            if fused is not None:  # q rotated, k/v stored by the product
-                q, residual = fused
-                return self.o_proj(self.attn.attend(q, ctx)), residual
-        qkv, residual = self.qkv_proj.after_norm(norm, hidden_states, residual)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # The backend norms q and k per head before RoPE (one launch with it on kernels).
         qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
-        return self.o_proj(self.attn(q, k, v, ctx, rope=rope, qk_norm=qk_norm)), residual
+        kv_write = self.attn.kv_write(ctx, rope, qk_norm)  # the product may store k/v itself
+        qkv, residual = self.qkv_proj.project(norm, hidden_states, residual, kv_write)
+        return self.o_proj(self.attn(qkv, ctx, rope, qk_norm)), residual
 
 
 class LlamaDecoderLayer(nn.Module):
