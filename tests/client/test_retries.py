@@ -31,7 +31,7 @@ async def test_waits_for_a_late_server_then_retries_503_but_never_4xx(start_engi
     # nothing listens yet: the first attempts are refused, the server comes up meanwhile
     early = asyncio.create_task(client.completions("Hi", max_tokens=2))
     engine = await start_engine()
-    app = build_app(engine.frontend, served_model_name="m")
+    app = build_app(engine, served_model_name="m")
     serving = asyncio.create_task(serve_http(app, "127.0.0.1", port, log_level="critical"))
     try:
         out = await early

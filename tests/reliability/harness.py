@@ -189,7 +189,7 @@ class ThreadServer(threading.Thread):
         args = EngineArgs(model=str(self.checkpoint), **self.engine_kw)
         self.engine = await AsyncEngine.start(args)
         try:
-            self.app = build_app(self.engine.frontend, served_model_name=MODEL, api_key=API_KEY)
+            self.app = build_app(self.engine, served_model_name=MODEL, api_key=API_KEY)
             self.serving = asyncio.create_task(
                 serve_http(self.app, "127.0.0.1", self.port, log_level="warning", drain_seconds=1)
             )

@@ -3,10 +3,10 @@
 import subprocess
 import sys
 
-from tokenspeed_aio.scheduler.block_pool import chain_hash
+from tokenspeed_aio.scheduler.prefix_cache import chain_hash
 
 _PRINT_KEYS = (
-    "from tokenspeed_aio.scheduler.block_pool import chain_hash as h; "
+    "from tokenspeed_aio.scheduler.prefix_cache import chain_hash as h; "
     "first = h(None, (1, 2, 3)); print(first, h(first, (4, 5, 6)))"
 )
 

@@ -81,7 +81,7 @@ class _ServerThread(threading.Thread):
         self.loop = asyncio.get_running_loop()
         engine = await AsyncEngine.start(EngineArgs(model=str(self.checkpoint), **ENGINE_ARGS))
         try:
-            app = build_app(engine.frontend, served_model_name=MODEL, api_key=API_KEY)
+            app = build_app(engine, served_model_name=MODEL, api_key=API_KEY)
             self.serving = asyncio.create_task(
                 serve_http(app, "127.0.0.1", self.port, log_level="warning", drain_seconds=1.0)
             )

@@ -134,7 +134,7 @@ async def test_body_over_the_limit_is_413(http_server):
 
 async def test_unexpected_exception_is_a_500_with_a_request_id(start_engine, caplog):
     engine = await start_engine()
-    app = build_app(engine.frontend, served_model_name="m")
+    app = build_app(engine, served_model_name="m")
 
     async def broken() -> None:
         raise RuntimeError("secret internal detail")

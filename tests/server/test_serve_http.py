@@ -44,7 +44,7 @@ async def read_stream(client: httpx.AsyncClient, url: str, body: dict) -> list[s
 
 async def test_cancel_drains_short_requests_and_cuts_long_ones(start_engine):
     engine = await start_engine()
-    app = build_app(engine.frontend, served_model_name="m")
+    app = build_app(engine, served_model_name="m")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     serving = asyncio.create_task(
@@ -73,7 +73,7 @@ async def test_cancel_drains_short_requests_and_cuts_long_ones(start_engine):
 
 async def test_sigterm_stops_serving_and_port_in_use_is_oserror(start_engine):
     engine = await start_engine()
-    app = build_app(engine.frontend, served_model_name="m")
+    app = build_app(engine, served_model_name="m")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

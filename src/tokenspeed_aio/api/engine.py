@@ -1,8 +1,10 @@
-"""AsyncEngine: the engine embedded in the caller's asyncio service.
+"""AsyncEngine: the engine embedded in the caller's asyncio service, and the composition
+root every entry point shares (the HTTP server holds one too).
 
 With one rank the control plane runs as a task in the caller's own event loop
-(the forward thread does the device work beside it). With several ranks it
-starts the rank processes and talks to them over the ZMQ wire the server uses.
+(the forward thread does the device work beside it). With several ranks -- or when
+asked, as the server does -- it starts rank processes and talks to them over the
+ZMQ wire.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
@@ -20,6 +23,9 @@ from tokenspeed_aio.model_source import resolve_model_path
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import InboundMessage, OutputBatch, StopEngine
+
+if TYPE_CHECKING:
+    from tokenspeed_aio.engine.launcher import ShutdownLatch
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +65,12 @@ class _LocalRank:
         self.task.add_done_callback(self.connection.engine_stopped)
         self.max_model_len = rank.specs.max_model_len
         self.vocab_size = rank.specs.vocab_size
+        self.eos_token_ids = rank.specs.eos_token_ids
+
+    async def stopped(self) -> str:
+        await asyncio.wait({self.task})
+        exc = None if self.task.cancelled() else self.task.exception()
+        return f"the engine loop failed: {exc!r}" if exc else "the engine loop stopped"
 
     def idle(self, frontend: Frontend) -> bool:
         return self.rank.loop.idle()
@@ -83,6 +95,7 @@ class _RemoteRanks:
         self.connection = processes.client
         self.max_model_len = processes.max_model_len
         self.vocab_size = processes.registrations[0].vocab_size
+        self.eos_token_ids = processes.registrations[0].eos_token_ids
         self._watch: asyncio.Task | None = None
 
     def supervise(self, frontend: Frontend) -> None:
@@ -92,6 +105,10 @@ class _RemoteRanks:
 
         self._watch = asyncio.create_task(self.processes.launcher.watch(), name="ts-rank-watch")
         self._watch.add_done_callback(rank_exited)
+
+    async def stopped(self) -> str:
+        await asyncio.wait({self._watch})
+        return "the engine stopped" if self._watch.cancelled() else self._watch.result()
 
     def idle(self, frontend: Frontend) -> bool:
         loads = [frontend.loads.get(r) for r in range(frontend.num_replicas)]
@@ -119,17 +136,33 @@ class AsyncEngine:
         self._closed = False
 
     @classmethod
-    async def start(cls, args: EngineArgs | None = None) -> AsyncEngine:
+    async def start(
+        cls,
+        args: EngineArgs | None = None,
+        *,
+        rank_processes: bool | None = None,
+        log_level: str = "INFO",
+        latch: ShutdownLatch | None = None,
+    ) -> AsyncEngine:
+        """Load the tokenizer, start the ranks and connect the frontend to them.
+
+        ``rank_processes``: run the ranks in their own processes (default: only with more
+        than one rank); ``log_level`` and ``latch`` (the shutdown latch a rank failure
+        trips) apply to those processes. Raises RankFailure when a rank fails at startup.
+        """
         args = args or EngineArgs()
         model_path = resolve_model_path(args.model)
         args = args.replace(model=str(model_path))
         tokenizer = await asyncio.to_thread(
             Tokenizer, args.tokenizer or model_path, args.chat_template
         )
-        if args.world_size > 1:
+        if rank_processes is None:
+            rank_processes = args.world_size > 1
+        if rank_processes:
             from tokenspeed_aio.engine.processes import start_engine_processes
 
-            backend = _RemoteRanks(await start_engine_processes(args))
+            processes = await start_engine_processes(args, log_level=log_level, latch=latch)
+            backend = _RemoteRanks(processes)
         else:
             from tokenspeed_aio.engine.rank import EngineRank
 
@@ -140,6 +173,7 @@ class AsyncEngine:
             backend.connection,
             max_model_len=backend.max_model_len,
             vocab_size=backend.vocab_size,
+            eos_token_ids=backend.eos_token_ids,
             num_replicas=args.dp,
         )
         if isinstance(backend, _RemoteRanks):
@@ -171,6 +205,11 @@ class AsyncEngine:
 
     def abort(self, rid: str) -> None:
         self.frontend.abort(rid)
+
+    async def stopped(self) -> str:
+        """Wait until the engine stops on its own (a rank died, the loop failed or was
+        stopped) and say why; every request still running has failed by then."""
+        return await self._backend.stopped()
 
     async def shutdown(self) -> None:
         """Stop after the current round; requests still running end with an error."""

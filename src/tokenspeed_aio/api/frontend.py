@@ -23,7 +23,7 @@ from tokenspeed_aio.errors import (
     InvalidRequestError,
     RequestConflictError,
 )
-from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.sampling_params import MAX_BANNED_IDS, SamplingParams
 from tokenspeed_aio.tokenization.detokenizer import IncrementalDetokenizer
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import (
@@ -59,12 +59,16 @@ class Frontend:
         *,
         max_model_len: int,
         vocab_size: int,
+        eos_token_ids: tuple[int, ...] = (),
         num_replicas: int = 1,
     ) -> None:
         self.tokenizer = tokenizer
         self.connection = connection
         self.max_model_len = max_model_len
-        self.vocab_size = vocab_size  # the model's (the engine checks it too)
+        self.vocab_size = vocab_size  # the model's
+        # A prompt's ids must embed (the model) and detokenize (the tokenizer).
+        self.prompt_vocab_size = min(vocab_size, tokenizer.vocab_size)
+        self.eos_token_ids = frozenset(eos_token_ids)  # banned with stop ids by min_tokens
         self.num_replicas = num_replicas
         self.streams: dict[str, RequestStream] = {}
         # Rids this side ended (client abort, stop string) whose final output from the
@@ -116,7 +120,8 @@ class Frontend:
         return self.tokenizer.encode(prompt)
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
-        """Client errors the frontend can name precisely (HTTP 400)."""
+        """Every client-facing check of a request (HTTP 400), made once, here: the rank
+        checks only what it alone knows (a rid it still holds, its KV capacity)."""
         if params.n != 1:
             raise InvalidRequestError(
                 "n: one generate() call is one sequence; call it n times (the HTTP API fans "
@@ -125,12 +130,14 @@ class Frontend:
             )
         if not ids:
             raise InvalidRequestError("prompt: the prompt is empty", param="prompt")
-        for name, values in (("prompt", ids), ("stop_token_ids", params.stop_token_ids)):
-            bad = next((t for t in values if not 0 <= t < self.vocab_size), None)
+        for name, values, limit in (
+            ("prompt", ids, self.prompt_vocab_size),
+            ("stop_token_ids", params.stop_token_ids, self.vocab_size),
+        ):
+            bad = next((t for t in values if not 0 <= t < limit), None)
             if bad is not None:
                 raise InvalidRequestError(
-                    f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})",
-                    param=name,
+                    f"{name}: token id {bad} is outside the vocabulary [0, {limit})", param=name
                 )
         want = len(ids) + (params.max_tokens or 1)
         if want > self.max_model_len:
@@ -140,6 +147,16 @@ class Frontend:
                 f"{params.max_tokens or 1} to generate)",
                 param="max_tokens" if params.max_tokens else "prompt",
             )
+        if params.min_tokens > 0:
+            banned = set(params.stop_token_ids) | (
+                set() if params.ignore_eos else self.eos_token_ids
+            )
+            if len(banned) > MAX_BANNED_IDS:
+                raise InvalidRequestError(
+                    f"stop_token_ids: with min_tokens, at most {MAX_BANNED_IDS} distinct stop "
+                    f"token ids (EOS included) can be held back, got {len(banned)}",
+                    param="stop_token_ids",
+                )
 
     def submit(self, rid: str, ids: list[int], params: SamplingParams) -> RequestStream:
         if self.dead is not None:

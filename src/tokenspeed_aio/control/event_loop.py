@@ -29,9 +29,10 @@ from tokenspeed_aio.control.output import OutputProcessor
 from tokenspeed_aio.control.relay import Relay
 from tokenspeed_aio.control.round_stats import RoundStats
 from tokenspeed_aio.control.transport import HEARTBEAT_SECONDS, LoadReporter
+from tokenspeed_aio.scheduler.admission import SubmissionRejected
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardCommitted, RequestFinished
 from tokenspeed_aio.scheduler.request import Request
-from tokenspeed_aio.scheduler.scheduler import Scheduler, SubmissionRejected
+from tokenspeed_aio.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,9 @@ refusals, following the design's request-identity rules.
   the wire identifies a stream by rid alone. The original is untouched.
 * A rid the scheduler still holds after its output completed (its last forwards
   are draining) is refused with 409 before any data-plane admission.
-* Anything invalid about the request itself is refused with 400.
+
+The request itself was validated once, by the frontend (prompt, vocabulary, context
+length, sampling limits): the rank checks only what it alone knows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokenspeed_aio.control.output import refusal
-from tokenspeed_aio.sampling_params import MAX_BANNED_IDS
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
@@ -39,12 +40,8 @@ class Admission:
 
 
 class Ingress:
-    def __init__(
-        self, *, vocab_size: int, max_model_len: int, eos_token_ids: Sequence[int] = ()
-    ) -> None:
-        self.vocab_size = vocab_size
-        self.max_model_len = max_model_len
-        self.eos_token_ids = frozenset(eos_token_ids)  # banned with stop ids by min_tokens
+    def __init__(self, *, max_model_len: int) -> None:
+        self.max_model_len = max_model_len  # caps a request's outputs (max_output)
 
     def admit(
         self,
@@ -87,10 +84,6 @@ class Ingress:
                 refusal(rid, 409, f"request id {rid!r} is still held by the engine; use a new id")
             )
             return
-        problem = self._validate(msg)
-        if problem:
-            adm.refusals.append(refusal(rid, 400, problem))
-            return
         prompt_len = len(msg.prompt_token_ids)
         room = self.max_model_len - prompt_len
         max_tokens = msg.params.max_tokens
@@ -102,30 +95,3 @@ class Ingress:
             max_output=room if max_tokens is None else min(max_tokens, room),
         )
         batch[rid] = req
-
-    def _validate(self, msg: GenerateRequest) -> str | None:
-        ids = msg.prompt_token_ids
-        if not ids:
-            return "prompt: the prompt is empty"
-        if len(ids) >= self.max_model_len:
-            return (
-                f"prompt: {len(ids)} tokens leave no room to generate within the context "
-                f"length of {self.max_model_len}"
-            )
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            return f"prompt: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
-        params = msg.params
-        bad = next((t for t in params.stop_token_ids if t >= self.vocab_size), None)
-        if bad is not None:
-            return f"stop_token_ids: {bad} is outside the vocabulary [0, {self.vocab_size})"
-        if params.min_tokens > 0:
-            banned = set(params.stop_token_ids) | (
-                set() if params.ignore_eos else self.eos_token_ids
-            )
-            if len(banned) > MAX_BANNED_IDS:
-                return (
-                    f"stop_token_ids: with min_tokens, at most {MAX_BANNED_IDS} distinct stop "
-                    f"token ids (EOS included) can be held back, got {len(banned)}"
-                )
-        return None

@@ -75,11 +75,7 @@ class EngineRank:
             ),
             data_plane=data_plane,
             relay=Relay(transport, group, is_owner=rank.tp_rank == 0),
-            ingress=Ingress(
-                vocab_size=specs.vocab_size,
-                max_model_len=specs.max_model_len,
-                eos_token_ids=specs.eos_token_ids,
-            ),
+            ingress=Ingress(max_model_len=specs.max_model_len),
             output=OutputProcessor(eos_token_ids=specs.eos_token_ids),
             in_flight_depth=args.in_flight_depth,
             replica=rank.dp_rank,

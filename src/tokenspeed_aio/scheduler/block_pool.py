@@ -1,4 +1,4 @@
-"""Paged KV blocks: reference counts, a reserved null block, and the prefix cache.
+"""Paged KV blocks: reference counts, a reserved null block, and the prefix-cache index.
 
 Every block but block 0 is either *active* (referenced by at least one request) or
 *free*. Free blocks wait in one LRU queue; a free block may still hold a cached
@@ -18,23 +18,6 @@ from collections.abc import Sequence
 from tokenspeed_aio.scheduler.kv_events import KVEventLog
 
 NULL_BLOCK = 0
-
-
-# Stands for the missing parent of a request's first block inside the hashed tuple:
-# ``hash(None)`` depends on None's address before Python 3.12, so it would differ between
-# processes. Any fixed int does; a key that collides with it is caught by the stored-key
-# check like any other collision.
-_ROOT = 0
-
-
-def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """Key of a full block: its parent's key (None for a first block) and its own tokens.
-
-    Tuples of ints hash identically in every process (no PYTHONHASHSEED salt), so
-    ranks and restarts agree. A hit is verified against the stored tokens, so a
-    64-bit collision can never hand a request someone else's KV.
-    """
-    return hash((_ROOT if parent is None else parent, tokens))
 
 
 class BlockPool:

@@ -8,23 +8,26 @@ Pure Python (no torch). The event loop drives it at fixed points of each round:
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tokenspeed_aio.scheduler.block_pool import BlockPool, chain_hash
+from tokenspeed_aio.scheduler.admission import AdmissionMixin, SubmissionRejected
+from tokenspeed_aio.scheduler.block_pool import BlockPool
 from tokenspeed_aio.scheduler.kv_events import KVEvent
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
     ForwardCommitted,
-    NewSlotOwner,
     PlannedAbort,
     RequestFinished,
     ScheduledRow,
 )
+from tokenspeed_aio.scheduler.prefix_cache import publish_full_blocks
 from tokenspeed_aio.scheduler.request import Request, Status
+from tokenspeed_aio.scheduler.rows import schedule_row
 from tokenspeed_aio.wire.messages import Load
+
+__all__ = ["Scheduler", "SchedulerConfig", "SubmissionRejected"]
 
 
 @dataclass(frozen=True)
@@ -37,14 +40,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
 
 
-_make_row = ScheduledRow._make
-
-
-class SubmissionRejected(ValueError):
-    """The whole submission batch was refused; nothing of it was inserted."""
-
-
-class Scheduler:
+class Scheduler(AdmissionMixin):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.page_size = config.page_size
@@ -58,40 +54,8 @@ class Scheduler:
         self._next_plan_id = 0
         self.num_retractions = 0  # preemptions since start (a metric)
 
-    # -- admission ----------------------------------------------------------
     def holds(self, rid: str) -> bool:
         return rid in self.requests
-
-    def submit(self, batch: list[Request]) -> None:
-        """Insert a batch of new requests, or refuse all of them (SubmissionRejected)."""
-        seen = set()
-        for req in batch:
-            problem = self._validate(req, seen)
-            if problem:
-                raise SubmissionRejected(problem)
-            seen.add(req.rid)
-        now = time.monotonic()
-        for req in batch:
-            req.submitted_at = now
-            self.requests[req.rid] = req
-            self.waiting.append(req)
-
-    def _validate(self, req: Request, seen: set[str]) -> str | None:
-        if req.rid in self.requests or req.rid in seen:
-            return f"request id {req.rid!r} is already in use"
-        if req.prompt_len == 0:
-            return "the prompt is empty"
-        if req.prompt_len >= self.config.max_model_len:
-            return (
-                f"the prompt has {req.prompt_len} tokens; the context length is "
-                f"{self.config.max_model_len} and at least one token must be generated"
-            )
-        need = self._blocks_for(req.prompt_len)
-        if need > self.pool.num_usable:
-            return (
-                f"the prompt needs {need} KV blocks but the cache has only {self.pool.num_usable}"
-            )
-        return None
 
     # -- head ---------------------------------------------------------------
     def advance_head(self, aborted: Iterable[str]) -> None:
@@ -113,8 +77,7 @@ class Scheduler:
         prefill_reqs: list[Request] = []
         running = self.running
         page = self.page_size
-        decode = self._schedule_decode
-        prefill = self._schedule_prefill
+        pool = self.pool
         idx = 0
         # This loop runs for every running request every round: its arithmetic is
         # inlined (num_tokens, num_output, "needs a block") rather than called.
@@ -133,10 +96,10 @@ class Scheduler:
             if computed + n > len(req.block_ids) * page and not self._reserve(req, n, plan):
                 continue  # req itself was retracted or aborted and left self.running
             if req.sampled_on_slot:  # a decode: n == 1, the position its slot sampled
-                decodes.append(decode(plan, req, num_tokens))
+                decodes.append(schedule_row(plan, req, 1, num_tokens, None, pool))
                 decode_reqs.append(req)
             else:
-                prefills.append(prefill(plan, req, n, num_tokens, None))
+                prefills.append(schedule_row(plan, req, n, num_tokens, None, pool))
                 prefill_reqs.append(req)
             budget -= n
             idx += 1
@@ -147,56 +110,6 @@ class Scheduler:
         if plan.rows:
             self._inflight[plan.plan_id] = (decode_reqs + prefill_reqs, plan.rows)
         return plan
-
-    def _admit(
-        self,
-        plan: ExecutionPlan,
-        rows: list[ScheduledRow],
-        row_reqs: list[Request],
-        budget: int,
-    ) -> int:
-        page = self.page_size
-        while self.waiting and budget > 0 and self._free_slots:
-            req = self.waiting[0]
-            if req.num_pending:
-                break  # retracted with tokens still in flight: re-admit once they land
-            hits: list[int] = []
-            if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
-                self._hash_full_blocks(req)
-                # At least the last token is recomputed: its logits sample the next one.
-                hits = self.pool.lookup(req.block_hashes[: (req.num_tokens - 1) // page])
-            computed = len(hits) * page
-            n = min(req.num_tokens - computed, budget)
-            need = self._blocks_for(computed + n) - len(hits)
-            if need > self.pool.num_free - self.pool.num_evictable_among(hits):
-                if self._blocks_for(req.num_tokens) <= self.pool.num_usable:
-                    break  # it fits once residents give back their blocks
-                # Retracted (with tokens in flight) after its tokens outgrew the whole
-                # pool: it can never be re-admitted, and as the head it would block the
-                # queue forever.
-                self._abort_oversize(req, req.num_tokens, plan)
-                continue
-            self.waiting.popleft()
-            self.pool.touch(hits)
-            req.block_ids = hits + self.pool.allocate(need)
-            req.num_computed = computed
-            req.num_cached_blocks = len(hits)
-            if not req.num_output:  # first admission (not a retraction's re-admission)
-                req.num_cached_tokens = computed
-                req.queue_seconds = time.monotonic() - req.submitted_at
-            req.slot = self._free_slots.pop()
-            req.status = Status.RUNNING
-            self.running.append(req)
-            owner = NewSlotOwner(
-                params=req.params,
-                seed=req.seed,
-                prompt_token_ids=req.token_ids[: req.prompt_len],
-                output_token_ids=req.token_ids[req.prompt_len :],
-            )
-            rows.append(self._schedule_prefill(plan, req, n, req.num_tokens, owner))
-            row_reqs.append(req)
-            budget -= n
-        return budget
 
     def _reserve(self, req: Request, n: int, plan: ExecutionPlan) -> bool:
         """Find blocks for n more tokens of a running request, retracting the newest
@@ -235,103 +148,10 @@ class Scheduler:
             )
         )
 
-    # The two row builders below run once per running request per round: each reads the
-    # request's fields once, into locals, and builds the row with _make (its fields as one
-    # tuple, in field order: the cheapest way to build a NamedTuple).
-    def _schedule_decode(self, plan: ExecutionPlan, req: Request, num_tokens: int) -> ScheduledRow:
-        """A decode: the slot sampled the request's last token, so the row is that one
-        position, whose input the device holds (the host may not yet, at depth >= 1), and
-        it samples the next token."""
-        start = req.num_computed
-        block_ids = req.block_ids
-        num_blocks = len(block_ids)
-        sent = req.num_blocks_sent
-        grammar = req.grammar
-        if grammar is not None:
-            plan.has_grammar = True
-        row = _make_row(
-            (
-                req.rid,  # rid
-                req.slot,  # slot
-                start,  # start
-                1,  # num_tokens
-                None,  # token_ids
-                () if num_blocks == sent else tuple(block_ids[sent:]),  # new_block_ids
-                sent,  # block_offset
-                True,  # sample
-                num_tokens - req.prompt_len,  # output_index
-                None,  # new_owner
-                None,  # prompt_logprob_targets: a decode is past the prompt
-                req.num_prompt_logprobs,  # prompt_logprobs
-                grammar,  # grammar
-            )
-        )
-        req.num_blocks_sent = num_blocks
-        req.num_computed = start + 1
-        req.num_inflight += 1
-        req.num_pending += 1
-        # Dispatched positions now cover every known token, so the known tokens alone say
-        # which blocks are full.
-        if len(req.token_ids) // self.page_size > req.num_cached_blocks:
-            self._publish_full_blocks(req)
-        return row
-
-    def _schedule_prefill(
-        self,
-        plan: ExecutionPlan,
-        req: Request,
-        n: int,
-        num_tokens: int,
-        new_owner: NewSlotOwner | None,
-    ) -> ScheduledRow:
-        """A prefill chunk: n positions from num_computed whose inputs the host knows; it
-        samples when it reaches the end of the known tokens (num_tokens)."""
-        start = req.num_computed
-        end = start + n
-        sample = end == num_tokens
-        token_ids = req.token_ids
-        prompt_len = req.prompt_len
-        block_ids = req.block_ids
-        num_blocks = len(block_ids)
-        sent = req.num_blocks_sent
-        targets = None
-        if start < prompt_len and req.wants_prompt_logprobs:
-            targets = token_ids[start + 1 : min(end + 1, prompt_len)]
-        grammar = req.grammar if sample else None
-        if grammar is not None:
-            plan.has_grammar = True
-        row = _make_row(
-            (
-                req.rid,  # rid
-                req.slot,  # slot
-                start,  # start
-                n,  # num_tokens
-                token_ids[start:end],  # token_ids
-                () if num_blocks == sent else tuple(block_ids[sent:]),  # new_block_ids
-                sent,  # block_offset
-                sample,  # sample
-                num_tokens - prompt_len,  # output_index
-                new_owner,  # new_owner
-                targets,  # prompt_logprob_targets
-                req.num_prompt_logprobs,  # prompt_logprobs
-                grammar,  # grammar
-            )
-        )
-        req.num_blocks_sent = num_blocks
-        req.num_computed = end
-        req.num_inflight += 1
-        if sample:
-            req.num_pending += 1
-            req.sampled_on_slot = True  # from now on its rows are decodes
-        known = len(token_ids)
-        if (end if end < known else known) // self.page_size > req.num_cached_blocks:
-            self._publish_full_blocks(req)  # a block's tokens are now all dispatched
-        return row
-
     def _retract(self, req: Request) -> None:
         """Give back a resident's blocks and slot; it recomputes from the waiting queue."""
         self.running.remove(req)
-        self._publish_full_blocks(req)
+        publish_full_blocks(self.pool, req)
         self.pool.free(req.block_ids)
         self._free_slots.append(req.slot)
         req.slot = -1
@@ -373,7 +193,7 @@ class Scheduler:
                     token_ids.append(token)
                     # Only a token that completes a page can complete a block.
                     if len(token_ids) % page == 0 and status is running:
-                        self._publish_full_blocks(req)
+                        publish_full_blocks(self.pool, req)
                     continue
             if status is finished and req.num_inflight == 0:
                 del self.requests[req.rid]
@@ -385,7 +205,7 @@ class Scheduler:
         are committed."""
         if req.status is Status.RUNNING:
             self.running.remove(req)
-            self._publish_full_blocks(req)
+            publish_full_blocks(self.pool, req)
             self.pool.free(req.block_ids)
             self._free_slots.append(req.slot)
             req.block_ids = []
@@ -394,27 +214,6 @@ class Scheduler:
         req.status = Status.FINISHED
         if req.num_inflight == 0:
             del self.requests[req.rid]
-
-    # -- prefix cache ---------------------------------------------------------
-    def _hash_full_blocks(self, req: Request) -> None:
-        page = self.page_size
-        hashes = req.block_hashes
-        for i in range(len(hashes), len(req.token_ids) // page):
-            parent = hashes[-1][0] if hashes else None
-            tokens = tuple(req.token_ids[i * page : (i + 1) * page])
-            hashes.append((chain_hash(parent, tokens), parent, tokens))
-
-    def _publish_full_blocks(self, req: Request) -> None:
-        """Cache the blocks whose tokens are all known and computed (dispatched)."""
-        if not self.pool.enable_prefix_caching:
-            return
-        full = min(req.num_computed, len(req.token_ids)) // self.page_size
-        if full <= req.num_cached_blocks:
-            return
-        self._hash_full_blocks(req)
-        for i in range(req.num_cached_blocks, full):
-            self.pool.cache(req.block_ids[i], *req.block_hashes[i])
-        req.num_cached_blocks = full
 
     # -- reporting --------------------------------------------------------------
     def drain_kv_events(self) -> list[KVEvent]:

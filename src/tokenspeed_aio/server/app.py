@@ -1,8 +1,8 @@
 """The HTTP server: ``build_app`` puts the OpenAI-compatible and SGLang routes,
-/health and /metrics in front of a Frontend; ``serve_http`` runs it with uvicorn
+/health and /metrics in front of an AsyncEngine; ``serve_http`` runs it with uvicorn
 on the caller's (uvloop) event loop.
 
-    build_app(engine.frontend, served_model_name="m")   # a FastAPI app
+    build_app(engine, served_model_name="m")   # a FastAPI app
     await serve_http(app, "0.0.0.0", 8000, log_level="info")
 
 Every route sees the same ServerContext; the guard middleware wraps them all
@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from tokenspeed_aio.api.frontend import Frontend
-from tokenspeed_aio.server.context import HealthCheck, ServerContext
+from tokenspeed_aio.api.engine import AsyncEngine
+from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import install_error_handlers
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.middleware import GuardMiddleware
@@ -38,21 +38,21 @@ MiB = 1 << 20
 
 
 def build_app(
-    frontend: Frontend,
+    engine: AsyncEngine,
     *,
     served_model_name: str,
     api_key: str | None = None,
     max_body_bytes: int = 8 * MiB,
-    health: HealthCheck | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving ``frontend``.
+    """The FastAPI app serving ``engine``.
 
     ``api_key``: when set, every route but /health answers 401 without
     ``Authorization: Bearer <api_key>``. ``max_body_bytes``: larger request bodies
-    get 413. ``health``: an extra check for /health, returning (ok, reason).
+    get 413.
     """
+    frontend = engine.frontend
     metrics = ServerMetrics(frontend, served_model_name)
-    ctx = ServerContext(frontend, served_model_name, metrics, health)
+    ctx = ServerContext(frontend, served_model_name, metrics)
     app = FastAPI(title="tokenspeed_aio", summary="OpenAI-compatible LLM serving")
     app.state.context = ctx
     install_error_handlers(app)

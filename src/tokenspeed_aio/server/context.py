@@ -3,7 +3,6 @@ metrics, the running requests, and the token-string cache."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenspeed_aio.api.frontend import Frontend
@@ -12,15 +11,12 @@ from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
 from tokenspeed_aio.server.logprobs import TokenTexts
 from tokenspeed_aio.server.metrics import ServerMetrics
 
-HealthCheck = Callable[[], tuple[bool, str]]
-
 
 @dataclass
 class ServerContext:
     frontend: Frontend
     served_model_name: str
     metrics: ServerMetrics
-    health: HealthCheck | None = None  # the serve command's own check (rank processes)
     registry: RequestRegistry = field(default_factory=RequestRegistry)
     token_texts: TokenTexts = field(init=False)
 
@@ -48,6 +44,4 @@ class ServerContext:
         stale = self.frontend.stale_replicas()
         if stale:
             return False, f"no load report lately from replica(s) {stale}"
-        if self.health is not None:
-            return self.health()
         return True, "ok"

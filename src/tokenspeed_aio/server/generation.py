@@ -17,7 +17,7 @@ import msgspec
 
 from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS, Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.errors import InvalidRequestError, RequestConflictError
+from tokenspeed_aio.errors import RequestConflictError
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
@@ -54,15 +54,8 @@ def make_jobs(
     reproduces the same request made with n=1."""
     n = params.n
     single = msgspec.structs.replace(params, n=1)
-    vocab = frontend.tokenizer.vocab_size
     jobs = []
     for p, ids in enumerate(prompts):
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"prompt: token id {bad} is out of range (the vocabulary has {vocab} tokens)",
-                param="prompt",
-            )
         frontend.validate(ids, single)
         for i in range(n):
             choice = p * n + i

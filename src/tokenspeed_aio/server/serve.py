@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import logging
 import sys
-from pathlib import Path
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.engine.launcher import RankFailure, ShutdownLatch
@@ -33,26 +32,21 @@ def run_server(args: EngineArgs, ns: argparse.Namespace) -> int:
 
 
 async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
-    from tokenspeed_aio.api.frontend import Frontend
-    from tokenspeed_aio.engine.processes import start_engine_processes
-    from tokenspeed_aio.errors import EngineDeadError
+    from tokenspeed_aio.api.engine import AsyncEngine
     from tokenspeed_aio.server.app import build_app, serve_http
-    from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 
-    model_path = resolve_model_path(args.model)
     name = args.served_model_name or (
-        "tokenspeed-default" if args.model is None else Path(model_path).name
+        "tokenspeed-default" if args.model is None else resolve_model_path(args.model).name
     )
-    args = args.replace(model=str(model_path), served_model_name=name)
+    args = args.replace(served_model_name=name)
     latch = ShutdownLatch()
     latch.install_signal_handlers()
     if args.node_rank > 0:
         from tokenspeed_aio.engine.processes import run_headless_node
 
         return await run_headless_node(args, latch, ns.log_level)
-    tokenizer = await asyncio.to_thread(Tokenizer, args.tokenizer or model_path, args.chat_template)
     starting = asyncio.ensure_future(
-        start_engine_processes(args, log_level=ns.log_level, latch=latch)
+        AsyncEngine.start(args, rank_processes=True, log_level=ns.log_level, latch=latch)
     )
     await asyncio.wait(
         {starting, asyncio.ensure_future(latch.requested.wait())},
@@ -60,6 +54,7 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     )
     if not starting.done():
         starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
         logger.info("stopped during startup (%s)", latch.reason)
         return 0
     try:
@@ -67,37 +62,26 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     except RankFailure as err:
         logger.error("engine startup failed: %s", err)
         return 1
-    frontend = Frontend(
-        tokenizer,
-        engine.client,
-        max_model_len=engine.max_model_len,
-        vocab_size=engine.registrations[0].vocab_size,
-        num_replicas=args.dp,
-    )
     app = build_app(
-        frontend, served_model_name=name, api_key=ns.api_key, max_body_bytes=ns.max_body_bytes
+        engine, served_model_name=name, api_key=ns.api_key, max_body_bytes=ns.max_body_bytes
     )
     http = asyncio.ensure_future(serve_http(app, ns.host, ns.port, log_level=ns.log_level))
-    rank_exit = asyncio.ensure_future(engine.launcher.watch())
+    engine_stopped = asyncio.ensure_future(engine.stopped())
     stop = asyncio.ensure_future(latch.requested.wait())
     _announce(ns.host, ns.port, name)
-    await asyncio.wait({http, rank_exit, stop}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({http, engine_stopped, stop}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
-    if rank_exit.done():
-        logger.error("an engine rank died: %s", rank_exit.result())
-        frontend.fail_all(EngineDeadError(f"the engine died: {rank_exit.result()}"))
+    if engine_stopped.done():
+        logger.error("the engine died: %s", engine_stopped.result())
         code = 1
     elif http.done() and http.exception() is not None:
         logger.error("the HTTP server failed: %r", http.exception())
         code = 1
     http.cancel()
     await asyncio.gather(http, return_exceptions=True)
-    rank_exit.cancel()
+    engine_stopped.cancel()
     stop.cancel()
-    await frontend.close()
-    await engine.stop()  # StopEngine to every replica, then reap the rank processes
-    if code == 0 and any(c not in (0, None) for c in engine.launcher.exit_codes()):
-        logger.warning("rank exit codes at shutdown: %s", engine.launcher.exit_codes())
+    await engine.shutdown()  # StopEngine to every replica, then reap the rank processes
     logger.info("stopped")
     return code
 

@@ -1,0 +1,110 @@
+"""The scheduler's admission half: a submission batch is validated whole, then waiting
+requests are admitted into the round's plan as budget, free slots and KV blocks allow,
+reusing cached prefix blocks.
+
+``Scheduler`` (scheduler.py) takes these methods; they read and change its state.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from tokenspeed_aio.scheduler.plan import ExecutionPlan, NewSlotOwner, ScheduledRow
+from tokenspeed_aio.scheduler.prefix_cache import hash_full_blocks
+from tokenspeed_aio.scheduler.request import Request, Status
+from tokenspeed_aio.scheduler.rows import schedule_row
+
+if TYPE_CHECKING:
+    from collections import deque
+
+    from tokenspeed_aio.scheduler.block_pool import BlockPool
+
+
+class SubmissionRejected(ValueError):
+    """The whole submission batch was refused; nothing of it was inserted."""
+
+
+class AdmissionMixin:
+    requests: dict[str, Request]
+    waiting: deque[Request]
+    running: list[Request]
+    pool: BlockPool
+    page_size: int
+    _free_slots: list[int]
+
+    def submit(self, batch: list[Request]) -> None:
+        """Insert a batch of new requests, or refuse all of them (SubmissionRejected)."""
+        seen = set()
+        for req in batch:
+            problem = self._validate(req, seen)
+            if problem:
+                raise SubmissionRejected(problem)
+            seen.add(req.rid)
+        now = time.monotonic()
+        for req in batch:
+            req.submitted_at = now
+            self.requests[req.rid] = req
+            self.waiting.append(req)
+
+    def _validate(self, req: Request, seen: set[str]) -> str | None:
+        """What only the rank knows: ids it still holds, and its KV capacity (the frontend
+        validated the request itself)."""
+        if req.rid in self.requests or req.rid in seen:
+            return f"request id {req.rid!r} is already in use"
+        need = self._blocks_for(req.prompt_len)
+        if need > self.pool.num_usable:
+            return (
+                f"the prompt needs {need} KV blocks but the cache has only {self.pool.num_usable}"
+            )
+        return None
+
+    def _admit(
+        self,
+        plan: ExecutionPlan,
+        rows: list[ScheduledRow],
+        row_reqs: list[Request],
+        budget: int,
+    ) -> int:
+        page = self.page_size
+        while self.waiting and budget > 0 and self._free_slots:
+            req = self.waiting[0]
+            if req.num_pending:
+                break  # retracted with tokens still in flight: re-admit once they land
+            hits: list[int] = []
+            if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
+                hash_full_blocks(req, page)
+                # At least the last token is recomputed: its logits sample the next one.
+                hits = self.pool.lookup(req.block_hashes[: (req.num_tokens - 1) // page])
+            computed = len(hits) * page
+            n = min(req.num_tokens - computed, budget)
+            need = self._blocks_for(computed + n) - len(hits)
+            if need > self.pool.num_free - self.pool.num_evictable_among(hits):
+                if self._blocks_for(req.num_tokens) <= self.pool.num_usable:
+                    break  # it fits once residents give back their blocks
+                # Retracted (with tokens in flight) after its tokens outgrew the whole
+                # pool: it can never be re-admitted, and as the head it would block the
+                # queue forever.
+                self._abort_oversize(req, req.num_tokens, plan)
+                continue
+            self.waiting.popleft()
+            self.pool.touch(hits)
+            req.block_ids = hits + self.pool.allocate(need)
+            req.num_computed = computed
+            req.num_cached_blocks = len(hits)
+            if not req.num_output:  # first admission (not a retraction's re-admission)
+                req.num_cached_tokens = computed
+                req.queue_seconds = time.monotonic() - req.submitted_at
+            req.slot = self._free_slots.pop()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            owner = NewSlotOwner(
+                params=req.params,
+                seed=req.seed,
+                prompt_token_ids=req.token_ids[: req.prompt_len],
+                output_token_ids=req.token_ids[req.prompt_len :],
+            )
+            rows.append(schedule_row(plan, req, n, req.num_tokens, owner, self.pool))
+            row_reqs.append(req)
+            budget -= n
+        return budget
