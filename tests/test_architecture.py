@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"control"},
     {"guards"},  # the no-host-sync and no-JIT checks the model and the worker share
     {"model", KERNELS},
+    {"cache", "pd"},  # the host KV tiers and storage backends; the PD transfer peer
     {"data_plane"},
     {"engine"},
     {"api"},
