@@ -7,46 +7,10 @@ from tokenspeed_kernels import gemv, gemv_rope_kv, skinny_gemm, tuning
 H200 = "NVIDIA_H200"
 FILES = sorted(tuning.CONFIG_DIR.glob("*/device_name=*.json"))
 
-# The tiles the kernels shipped with for the H200; a re-tune that changes a file changes this.
-H200_TABLES = {
-    "gemv": {
-        (6144, 4096): (4, 512, 4, 3),
-        (4096, 4096): (8, 1024, 8, 3),
-        (28672, 4096): (16, 512, 4, 1),
-        (4096, 14336): (8, 1024, 8, 1),
-        (128256, 4096): (8, 512, 4, 3),
-        (24576, 4096): (16, 512, 8, 3),
-        (4096, 12288): (8, 1024, 8, 1),
-        (151936, 4096): (8, 512, 4, 3),
-    },
-    "gemv_silu_mul": {(28672, 4096): (4, 1024, 8, 3), (24576, 4096): (4, 1024, 8, 1)},
-    "gemv_norm": {
-        (6144, 4096, False): (16, 1024, 4, 1, True),
-        (24576, 4096, True): (16, 512, 4, 1, False),
-    },
-    "gemv_rope_kv": {(6144, 4096): (8, 1024, 4, 1, True)},
-    "skinny_gemm": {
-        (6144, 4096, 16): (64, 256, 1, 4, 4),
-        (6144, 4096, 32): (64, 256, 1, 4, 4),
-        (6144, 4096, 64): (64, 128, 1, 4, 5),
-        (4096, 4096, 16): (64, 128, 2, 4, 5),
-        (4096, 4096, 32): (64, 128, 2, 4, 5),
-        (28672, 4096, 64): (128, 128, 1, 4, 4),
-        (4096, 14336, 16): (64, 128, 4, 4, 4),
-        (4096, 14336, 32): (64, 256, 2, 4, 4),
-        (4096, 14336, 64): (64, 128, 2, 4, 5),
-        (24576, 4096, 16): (64, 64, 1, 4, 5),
-        (24576, 4096, 32): (64, 64, 1, 4, 5),
-        (4096, 12288, 16): (64, 128, 4, 4, 3),
-        (4096, 12288, 32): (64, 256, 2, 4, 4),
-        (4096, 12288, 64): (64, 128, 2, 4, 5),
-    },
-    "skinny_gemm_silu_mul": {
-        (28672, 4096, 32): (64, 128, 1, 4, 4),
-        (28672, 4096, 64): (64, 128, 1, 4, 4),
-        (24576, 4096, 16): (32, 128, 1, 4, 3),
-    },
-}
+
+def _h200_files() -> dict:
+    """The shipped H200 tables, read straight from their files."""
+    return {k: tuning.read(k, tuning.path(k, H200)) for k in tuning.TABLES}
 
 
 @pytest.fixture(autouse=True)
@@ -89,8 +53,9 @@ def test_every_file_parses_with_its_tables_fields_in_the_writers_format(file):
     assert file.read_text() == tuning.dumps(kernel, configs)
 
 
-def test_h200_tables_are_the_shipped_tiles():
-    for kernel, expected in H200_TABLES.items():
+def test_the_h200_lookup_hands_out_the_shipped_files():
+    for kernel, expected in _h200_files().items():
+        assert expected, f"{kernel}: the H200 table is empty"
         assert dict(tuning.table(kernel, device_name=H200)) == expected, kernel
 
 
@@ -98,7 +63,7 @@ def test_the_override_hands_the_kernels_the_h200_tables_on_the_cpu(monkeypatch):
     monkeypatch.setenv(tuning.DEVICE_NAME_ENV, H200)
     tuning.clear_cache()
     assert tuning.device_name_of(torch.device("cpu")) == H200
-    assert {k: dict(v) for k, v in _accessors(torch.device("cpu")).items()} == H200_TABLES
+    assert {k: dict(v) for k, v in _accessors(torch.device("cpu")).items()} == _h200_files()
     assert gemv_rope_kv.rope_kv_config(6144, 4096) == (8, 1024, 4, 1, True)
 
 
@@ -128,7 +93,7 @@ def test_a_gpu_name_is_looked_up_once_per_device_with_underscores(monkeypatch):
     tables = [gemv.configs(device) for _ in range(3)]
     assert len(calls) == 1 and tuning.device_name_of(device) == H200
     assert all(t is tables[0] for t in tables)  # parsed once, the same mapping every step
-    assert dict(tables[0]) == H200_TABLES["gemv"]
+    assert dict(tables[0]) == _h200_files()["gemv"]
     with pytest.raises(TypeError):
         tables[0][(1, 1)] = (1, 1, 1, 1)  # read-only: a caller cannot change the cache
 
