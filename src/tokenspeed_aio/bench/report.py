@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import platform
@@ -60,11 +59,6 @@ def machine_info() -> dict[str, Any]:
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,
     }
-
-
-def default_out_path(workload: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("bench") / "results" / f"{workload}-{stamp}.json"
 
 
 def write_json(doc: dict[str, Any], path: Path) -> Path:
