@@ -28,7 +28,7 @@ WORKLOAD_FLAGS = {
     "latency": {"input_len", "output_len", "batch", "num_requests"},
     "overhead": {"input_len", "output_len", "concurrency"},
     "chat-mix": {"num_requests", "rates"},
-    "agentic-prefix": {"sessions", "turns", "turn_tokens", "reply_tokens"},
+    "agentic-prefix": {"conversations", "turns", "turn_tokens", "reply_tokens"},
 }
 ALL_WORKLOAD_FLAGS = sorted(set().union(*WORKLOAD_FLAGS.values()))
 
@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--rates", help='chat-mix: arrival rates in req/s, e.g. "1,4,16,inf"')
     w.add_argument("--batch", type=int, help="latency: requests in flight at once")
-    w.add_argument("--sessions", type=int, help="agentic-prefix: sessions (all at once)")
-    w.add_argument("--turns", type=int, help="agentic-prefix: turns per session")
+    w.add_argument("--conversations", type=int, help="agentic-prefix: conversations (all at once)")
+    w.add_argument("--turns", type=int, help="agentic-prefix: turns per conversation")
     w.add_argument("--turn-tokens", type=int, help="agentic-prefix: new prompt tokens per turn")
     w.add_argument("--reply-tokens", type=int, help="agentic-prefix: reply tokens per turn")
     w.add_argument("--workload-seed", type=int, default=0, help="seed of prompts and lengths")

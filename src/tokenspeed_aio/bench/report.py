@@ -88,7 +88,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_markdown(doc: dict[str, Any]) -> str:
     """The report's tables: throughput and latency per run, control-plane time per round by
-    running requests, prefix-cache hits per turn (when sessions have several)."""
+    running requests, prefix-cache hits per turn (when conversations have several)."""
     machine, target = doc["machine"], doc["target"]
     gpu = ", ".join(machine["gpus"]) or f"CPU only ({machine['cpu']}, {machine['cpu_count']} cores)"
     lines = [
