@@ -5,21 +5,23 @@ later, in dispatch order, from a callback of the control plane's loop; a second
 callback lands its result. So at in-flight depth 1 a dispatch really overlaps the
 previous forward's commit: the commit awaits a future that is not resolved yet.
 
-Two checks of the capture contract come with it: the plan a forward runs equals the
-plan as dispatched (no list in it is the scheduler's live state), and a forward never
-runs before the one dispatched ahead of it.
+The capture contract is checked on every forward: the plan it runs equals the plan as
+dispatched (no list in it is the scheduler's live state, mutated meanwhile).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections import deque
 from collections.abc import Callable
+
+import msgspec
 
 from helpers.sim_device import SimDevice
 from tokenspeed_aio.control.data_plane import PendingExecution
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
+
+_encode = msgspec.msgpack.Encoder().encode
 
 
 class SimForwardError(RuntimeError):
@@ -27,10 +29,21 @@ class SimForwardError(RuntimeError):
 
 
 def _frozen(plan: ExecutionPlan) -> tuple:
-    """What a launched forward reads (a grammar matcher is compared by identity: the
-    commit advances it by design)."""
-    rows = [row._replace(grammar=id(row.grammar)) for row in plan.rows]
-    return plan.plan_id, copy.deepcopy(rows)
+    """A copy of what a launched forward reads, every list as a tuple (a grammar matcher
+    by identity: the commit advances it by design)."""
+    rows = []
+    for row in plan.rows:
+        owner = row.new_owner
+        if owner is not None:
+            owner = (
+                _encode(owner.params),
+                owner.seed,
+                tuple(owner.prompt_token_ids),
+                tuple(owner.output_token_ids),
+            )
+        values = row._replace(new_owner=owner, grammar=id(row.grammar))
+        rows.append(tuple(tuple(v) if isinstance(v, list) else v for v in values))
+    return plan.plan_id, rows
 
 
 class SimDataPlane:

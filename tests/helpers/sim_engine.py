@@ -148,6 +148,7 @@ class SimEngine:
 
     # -- rounds -----------------------------------------------------------------------
     async def round(self) -> None:
+        """One round (on an idle engine, it waits up to a heartbeat for messages)."""
         self._posted = 0
         await self.loop.round()
         self.collect()
