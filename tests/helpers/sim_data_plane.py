@@ -76,15 +76,15 @@ class SimDataPlane:
     def _launch_oldest(self) -> None:
         """One forward, the oldest queued (the forward thread's FIFO)."""
         plan, frozen, pending = self._queued.popleft()
-        assert _frozen(plan) == frozen, f"plan {plan.plan_id} changed after its dispatch"
         try:
+            assert _frozen(plan) == frozen, f"plan {plan.plan_id} changed after its dispatch"
             if plan.plan_id == self.fail_plan:
                 raise SimForwardError(f"injected failure of forward {plan.plan_id}")
             result: ForwardResult = self.device.execute(plan)
-        except BaseException as err:
+        except BaseException as err:  # the commit raises it, as a failed forward's
             for fut in (pending.launched, pending.landed):
                 fut.set_exception(err)
-                fut.exception()  # a commit still raises it; unawaited, it is not logged
+                fut.exception()  # unawaited (the loop stopped first), it is not logged
             return
         pending.launched.set_result(None)
         asyncio.get_running_loop().call_soon(pending.landed.set_result, result)
