@@ -164,6 +164,27 @@ async def test_prefix_hit_reuses_blocks_and_counts_cached_tokens():
     assert_same_at_both_depths(await at_depths(scenario))
 
 
+async def test_a_block_is_hit_only_under_the_prefix_it_was_cached_with():
+    """A block's key chains its parent's: the same four tokens after another prefix (or
+    at another position) are a miss. The sim's KV depends on the whole prefix, so such a
+    hit would also read back wrong."""
+    x, y, w, z = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33], [40, 41, 42, 43]
+
+    async def scenario(engine: SimEngine) -> None:
+        a = engine.generate("a", [*x, *y, *w, 1], max_tokens=3)
+        await engine.run()
+        b = engine.generate("b", [*x, *w, 2], max_tokens=3)  # w after x, not after x y
+        c = engine.generate("c", [*z, *y, 3], max_tokens=3)  # y after z
+        d = engine.generate("d", [*x, *y, 4], max_tokens=3)
+        await engine.run()
+        cached = [s.outputs[0].num_cached_tokens for s in (a, b, c, d)]
+        assert cached == [0, 4, 0, 8]
+        for s, p in zip((a, b, c, d), ([*x, *y, *w, 1], [*x, *w, 2], [*z, *y, 3], [*x, *y, 4])):
+            assert s.tokens == expected(p, 3), s.rid
+
+    assert_same_at_both_depths(await at_depths(scenario))
+
+
 async def test_shared_prompts_in_flight_together_match_reference():
     """Requests sharing prefixes, arriving while the first ones still prefill in chunks:
     the later ones hit blocks whose forwards were dispatched but may not have run."""
