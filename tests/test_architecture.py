@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,19 @@ def test_package_imports_with_torch_blocked(package):
         "    importlib.import_module(m.name)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["helpers.sim_device", "helpers.sim_data_plane", "helpers.sim_engine", "helpers.fake_group"],
+)
+def test_round_test_helpers_import_with_torch_blocked(module):
+    """The round is tested without torch: its fake data plane and harness must not need it."""
+    code = f"import sys; sys.modules['torch'] = None; import {module}"
+    tests = str(ROOT / "tests")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, str(ROOT / "src")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
