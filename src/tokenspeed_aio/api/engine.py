@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from tokenspeed_aio.api.control import EngineControl
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.args import EngineArgs
@@ -128,7 +129,10 @@ class _RemoteRanks:
         await self.processes.stop()
 
 
-class AsyncEngine:
+class AsyncEngine(EngineControl):
+    """The engine: ``generate`` streams; the control operations (pause, memory release,
+    weight updates, profiling) are EngineControl's (api/control.py)."""
+
     def __init__(self, args: EngineArgs, frontend: Frontend, backend) -> None:
         self.args = args
         self.frontend = frontend
@@ -175,6 +179,7 @@ class AsyncEngine:
             vocab_size=backend.vocab_size,
             eos_token_ids=backend.eos_token_ids,
             num_replicas=args.dp,
+            weight_version=args.weight_version,
         )
         if isinstance(backend, _RemoteRanks):
             backend.supervise(frontend)  # in-process, the task's end reaches it by the wire

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from tokenspeed_aio.api.control_calls import ControlCalls, ControlResult
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.api.stream import RequestStream
 from tokenspeed_aio.errors import (
@@ -26,6 +27,7 @@ from tokenspeed_aio.errors import (
 from tokenspeed_aio.sampling_params import MAX_BANNED_IDS, SamplingParams
 from tokenspeed_aio.tokenization.detokenizer import IncrementalDetokenizer
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
+from tokenspeed_aio.wire.control import ControlOp
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
     GenerateRequest,
@@ -61,6 +63,7 @@ class Frontend:
         vocab_size: int,
         eos_token_ids: tuple[int, ...] = (),
         num_replicas: int = 1,
+        weight_version: str = "default",
     ) -> None:
         self.tokenizer = tokenizer
         self.connection = connection
@@ -77,6 +80,7 @@ class Frontend:
         self.draining: set[str] = set()
         self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
         self.dead: EngineError | None = None
+        self.calls = ControlCalls(num_replicas, weight_version)
         self._task = asyncio.create_task(self._pump(), name="ts-frontend-outputs")
         self._task.add_done_callback(self._pump_done)
 
@@ -211,6 +215,20 @@ class Frontend:
 
         return min(range(self.num_replicas), key=load)
 
+    # -- control operations ---------------------------------------------------------------
+    async def control(self, op: ControlOp) -> ControlResult:
+        """Send ``op`` to every replica (one call id, in the order of calls) and wait until
+        each answered; the combined result (ok only if every replica's is)."""
+        if self.dead is not None:
+            raise self.dead
+        call, future = self.calls.start(op)
+        try:
+            for replica in range(self.num_replicas):
+                self.connection.send(call, replica)
+            return await future
+        finally:
+            self.calls.forget(call.call_id)
+
     # -- health -------------------------------------------------------------------
     def stale_replicas(self) -> list[int]:
         now = time.monotonic()
@@ -225,6 +243,9 @@ class Frontend:
         while True:
             batch = await self.connection.receive()
             self.loads[batch.replica] = (batch.load, time.monotonic())
+            if batch.replies:
+                self.calls.received(batch.replica, batch.replies)
+            version = self.calls.weight_versions[batch.replica]
             for out in batch.outputs:
                 if out.rid in self.draining:  # ended here; the engine's outputs are moot
                     if out.finished:
@@ -233,6 +254,7 @@ class Frontend:
                 stream = self.streams.get(out.rid)
                 if stream is None or stream.finished:
                     continue
+                stream.weight_version = version
                 if stream.process(out):
                     self.draining.add(out.rid)
                     self.connection.send(AbortRequest(out.rid), stream.replica)
@@ -252,6 +274,7 @@ class Frontend:
 
     def fail_all(self, err: EngineError) -> None:
         self.dead = err
+        self.calls.fail_all(err)
         for stream in self.streams.values():
             stream.finished = True
             stream.queue.put_nowait(err)

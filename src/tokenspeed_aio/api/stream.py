@@ -31,6 +31,7 @@ class RequestStream:
         "stops",
         "text",
         "token_ids",
+        "weight_version",
     )
 
     def __init__(
@@ -50,6 +51,7 @@ class RequestStream:
         self.prompt_logprobs = None
         self.queue_seconds = 0.0
         self.finished = False
+        self.weight_version = ""  # the serving replica's, set as outputs arrive
         self.queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
 
     def finish_aborted(self) -> None:
@@ -79,6 +81,7 @@ class RequestStream:
             num_cached_tokens=self.num_cached_tokens,
             queue_seconds=self.queue_seconds,
             delta_token_ids=delta_ids,
+            weight_version=self.weight_version,
         )
 
     def process(self, out: TokenOutput) -> bool:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.control.control import Control
 from tokenspeed_aio.control.dp import DpAgreement, DpGroup
 from tokenspeed_aio.control.event_loop import EventLoop
 from tokenspeed_aio.control.faults import FaultInjector
@@ -81,6 +82,12 @@ class EngineRank:
             replica=rank.dp_rank,
             dp=DpAgreement(dp_group) if dp_group is not None else None,
             faults=faults,
+            control=Control(
+                data_plane,
+                dp_group if dp_group is not None else group,
+                dp=dp_group is not None,
+                weight_version=args.weight_version,
+            ),
         )
         logger.info(
             "rank ready: %d KV blocks of %d tokens (%d concurrent tokens), %s %s, attention %s",
