@@ -58,6 +58,12 @@ class EngineControl:
         result = await self.frontend.control(op)
         if not result.ok:
             raise EngineControlError(result)
+        if isinstance(op, PauseGeneration | ContinueGeneration):
+            self.frontend.calls.paused = op.mode if isinstance(op, PauseGeneration) else None
+        elif isinstance(op, ReleaseMemory):
+            self.frontend.calls.released.update(op.tags or ("kv_cache", "weights"))
+        elif isinstance(op, ResumeMemory):
+            self.frontend.calls.released.difference_update(op.tags or ("kv_cache", "weights"))
         return result
 
     # -- pause ---------------------------------------------------------------------------
@@ -182,6 +188,14 @@ class EngineControl:
     async def health_generate(self, timeout: float = 20.0) -> float:
         """Run a one-token generation; its latency in seconds, or EngineError (503) when
         it did not finish within ``timeout``."""
+        calls = self.frontend.calls
+        if calls.paused or calls.released:
+            why = (
+                f"paused ({calls.paused})" if calls.paused else f"released {sorted(calls.released)}"
+            )
+            err = EngineError(f"generation is {why}")
+            err.status = 503
+            raise err
         start = time.monotonic()
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         stream = self.frontend.generate(
@@ -224,3 +238,10 @@ class EngineControl:
                 }
             )
         return out
+
+
+class FrontendControl(EngineControl):
+    """The control operations over a frontend (the HTTP server's routes use one)."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend

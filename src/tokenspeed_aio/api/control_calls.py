@@ -37,6 +37,9 @@ class ControlCalls:
         self.weight_versions = dict.fromkeys(range(num_replicas), weight_version)
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        # The state the last successful calls left (for health checks, not for decisions).
+        self.paused: str | None = None
+        self.released: set[str] = set()
 
     @property
     def weight_version(self) -> str:

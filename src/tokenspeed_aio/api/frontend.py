@@ -18,6 +18,7 @@ from typing import Protocol
 from tokenspeed_aio.api.control_calls import ControlCalls, ControlResult
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.api.stream import RequestStream
+from tokenspeed_aio.api.tracing import RequestTimeline, RequestTracer
 from tokenspeed_aio.errors import (
     EngineDeadError,
     EngineError,
@@ -64,6 +65,7 @@ class Frontend:
         eos_token_ids: tuple[int, ...] = (),
         num_replicas: int = 1,
         weight_version: str = "default",
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.connection = connection
@@ -81,6 +83,7 @@ class Frontend:
         self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
         self.dead: EngineError | None = None
         self.calls = ControlCalls(num_replicas, weight_version)
+        self.tracer = tracer
         self._task = asyncio.create_task(self._pump(), name="ts-frontend-outputs")
         self._task.add_done_callback(self._pump_done)
 
@@ -260,6 +263,24 @@ class Frontend:
                     self.connection.send(AbortRequest(out.rid), stream.replica)
                 if stream.finished:
                     del self.streams[out.rid]
+                    if self.tracer is not None:
+                        self._trace(stream, out.finish_reason or "error")
+
+    def _trace(self, stream: RequestStream, reason: str) -> None:
+        self.tracer.record(
+            RequestTimeline(
+                rid=stream.rid,
+                arrival=stream.arrival,
+                queue_seconds=stream.queue_seconds,
+                first_token=stream.first_token_at,
+                end=time.time(),
+                finish_reason=reason,
+                prompt_tokens=stream.num_prompt_tokens,
+                cached_tokens=stream.num_cached_tokens,
+                output_tokens=len(stream.token_ids),
+                weight_version=stream.weight_version,
+            )
+        )
 
     def _pump_done(self, task: asyncio.Task) -> None:
         if self.dead is not None:
@@ -285,3 +306,5 @@ class Frontend:
         """Stop the output task; the connection belongs to whoever opened it."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.close)

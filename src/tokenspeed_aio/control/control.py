@@ -112,6 +112,7 @@ class Control:
         self, adm: Admission, view: ControlView, shares: list[GateShare] | None
     ) -> ControlStep:
         step = ControlStep(adm.requests, adm.constrained)
+        self.gated.fresh.clear()
         if adm.aborted and self._held_rids:
             self._drop_held(adm.aborted, step)
         if adm.calls:
@@ -178,6 +179,7 @@ class Control:
                 self._reply(call, False, problem, 400)
             else:
                 self.gated.queue.append(call)
+                self.gated.fresh.add(call.call_id)
         elif isinstance(op, PauseGeneration):
             self._pause(call, op, step)
         elif isinstance(op, ContinueGeneration):

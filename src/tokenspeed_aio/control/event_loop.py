@@ -21,6 +21,7 @@ import logging
 from collections import deque
 
 from tokenspeed_aio.collective.errors import CollectiveError, MeshError
+from tokenspeed_aio.control.batch_log import BatchLog
 from tokenspeed_aio.control.control import Control
 from tokenspeed_aio.control.control_step import ControlView
 from tokenspeed_aio.control.data_plane import DataPlane, PendingExecution
@@ -61,6 +62,7 @@ class EventLoop:
         dp: DpAgreement | None = None,
         faults: FaultInjector | None = None,
         control: Control | None = None,
+        batch_log: BatchLog | None = None,
     ) -> None:
         if in_flight_depth not in (0, 1):
             raise ValueError(f"in_flight_depth must be 0 or 1, got {in_flight_depth}")
@@ -74,6 +76,7 @@ class EventLoop:
         self.dp = dp
         self.faults = faults
         self.control = control or Control(data_plane)
+        self.batch_log = batch_log or BatchLog(0)
         self.local_error: str | None = None  # carried into the next exchange with peers
         self.kv_events = KVEventPublisher()
         self.load_reporter = LoadReporter(replica)
@@ -175,6 +178,7 @@ class EventLoop:
         self._send_outputs()
         self.stopping = self.stopping or adm.stop
         self.stats.end(len(self.scheduler.running), plan.num_tokens)
+        self.batch_log.record(plan, self.scheduler.load)
         if self.faults is not None:
             self.faults.tick()
 

@@ -70,6 +70,7 @@ class GatedOps:
         self.device = device
         self.group = group
         self.queue: deque[ControlCall] = deque()
+        self.fresh: set[int] = set()  # call ids queued this round: due from the next one on
         self.groups: set[str] = set()  # trainer groups this rank joined (rank-identical)
         self.invalid: str | None = None  # set once a load failed anywhere: nothing runs again
 
@@ -115,8 +116,13 @@ class GatedOps:
         step: ControlStep,
         control: Replier,
     ) -> None:
-        """Run the head op if it is due on every rank this round (at most one per round)."""
+        """Run the head op if it is due on every rank this round (at most one per round).
+
+        An op never runs in the round it arrived: the aborts that came before it (an
+        update with abort_all_requests) took effect at that round's head by then."""
         head = self.queue[0]
+        if head.call_id in self.fresh:
+            return
         if shares is not None:
             heads = [share[0] for share in shares]
             if -1 in heads:
