@@ -10,7 +10,6 @@ import pytest
 from helpers.sim_device import SimDevice, reference
 
 from tokenspeed_aio.sampling_params import SamplingParams
-from tokenspeed_aio.scheduler.kv_events import BlockRemoved, BlockStored
 from tokenspeed_aio.scheduler.plan import ForwardCommitted, RequestFinished
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig, SubmissionRejected
@@ -287,19 +286,6 @@ def test_decodes_first_and_read_future_tokens():
     assert [r.rid for r in rows] == ["a", "b"]
     assert rows[0].token_ids is None and rows[0].num_tokens == 1  # device-side input
     assert rows[1].token_ids == [6, 7] and rows[1].new_owner is not None
-
-
-def test_kv_events_net_per_round():
-    d = Driver(num_blocks=6)  # 5 usable blocks
-    d.submit("a", list(range(8)), max_tokens=1)  # 2 full blocks cached
-    d.run()
-    stored = d.sched.drain_kv_events()
-    assert [type(e) for e in stored] == [BlockStored, BlockStored]
-    d.submit("b", list(range(50, 70)), max_tokens=1)  # needs 5 blocks: evicts both
-    d.run()
-    events = d.sched.drain_kv_events()
-    assert sum(isinstance(e, BlockRemoved) for e in events) == 2
-    assert d.sched.drain_kv_events() == []
 
 
 def test_rows_carry_each_field_by_name():
