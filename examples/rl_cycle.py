@@ -111,7 +111,9 @@ def update_from_disk(url: str, named: list, version: str) -> dict:
 
     out = Path(tempfile.mkdtemp(prefix="rl-cycle-"))
     save_file(dict(named), str(out / "model.safetensors"))
-    return call(url, "/update_weights_from_disk", {"model_path": str(out), "weight_version": version})
+    return call(
+        url, "/update_weights_from_disk", {"model_path": str(out), "weight_version": version}
+    )
 
 
 def main() -> int:

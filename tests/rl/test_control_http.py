@@ -13,6 +13,7 @@ import httpx
 import pytest
 from helpers.reference import checkpoint_path
 from helpers.server import wait_healthy
+
 from rl.harness import ROOT, free_port
 
 

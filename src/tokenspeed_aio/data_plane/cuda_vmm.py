@@ -101,6 +101,7 @@ class _ArrayInterface:
             "shape": (nbytes,),
             "typestr": "|u1",
             "data": (ptr, False),
+            "strides": None,
             "version": 2,
         }
 

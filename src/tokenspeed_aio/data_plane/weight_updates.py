@@ -21,6 +21,7 @@ import torch
 
 from tokenspeed_aio.data_plane.tensor_payload import deserialize_named_tensors
 from tokenspeed_aio.data_plane.weight_group import WeightGroup, init_weights_update_group
+from tokenspeed_aio.guards.host_sync import allow_host_sync
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.loader import (
     iter_safetensors,
@@ -70,15 +71,16 @@ class WeightUpdater:
             "joining weight update group %r as rank %d of %d at %s:%d (%s)",
             op.group_name, rank, op.world_size, op.master_address, op.master_port, backend,
         )  # fmt: skip
-        self.groups[op.group_name] = init_weights_update_group(
-            op.master_address,
-            op.master_port,
-            rank,
-            op.world_size,
-            op.group_name,
-            backend,
-            op.timeout_seconds,
-        )
+        with allow_host_sync():  # a low-rate op off the per-round path: it may wait
+            self.groups[op.group_name] = init_weights_update_group(
+                op.master_address,
+                op.master_port,
+                rank,
+                op.world_size,
+                op.group_name,
+                backend,
+                op.timeout_seconds,
+            )
 
     def destroy_group(self, group_name: str) -> None:
         if self.groups.pop(group_name, None) is None:
@@ -109,13 +111,13 @@ class WeightUpdater:
         if staged is None:
             return "no weight update is staged"
         try:
-            with torch.no_grad():
+            with torch.no_grad(), allow_host_sync():
                 self.model.load_weights(staged())
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # a copy's failure surfaces in the op
         except Exception as err:
             logger.exception("weight load failed")
             return f"{type(err).__name__}: {err}"
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # a copy's failure surfaces here, in the op
         return None
 
     def commit(self, ok: bool | None) -> None:
