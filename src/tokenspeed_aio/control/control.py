@@ -103,6 +103,12 @@ class Control:
             bool(self.released),
         )
 
+    def end_held(self) -> list:
+        """At stop: the held requests end with an abort (they never reached the scheduler)."""
+        ended = [refusal(req.rid, 0, None, reason="abort") for req in self.held]
+        self.held, self._held_rids = [], set()
+        return ended
+
     def take_replies(self) -> list[ControlReply]:
         replies, self._replies = self._replies, []
         return replies

@@ -220,6 +220,7 @@ class EventLoop:
         while self.in_flight:
             events += await self._commit_oldest()
         self.scheduler.advance(events)
+        self.output.send(self.control.end_held())
         aborted = self.output.abort_all()
         self.grammar.abort(aborted)
         self.scheduler.advance_head(aborted)

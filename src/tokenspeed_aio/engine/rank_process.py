@@ -122,7 +122,7 @@ async def _serve(launch: RankLaunch, report) -> None:
             EngineRegistration(
                 wire_version=WIRE_VERSION,
                 replica=ranks.dp_rank,
-                request_types=("generate", "abort"),
+                request_types=("generate", "abort", "control"),
                 role="plain",
                 model=args.served_model_name or args.model,
                 max_model_len=specs.max_model_len,

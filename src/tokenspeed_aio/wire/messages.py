@@ -96,7 +96,7 @@ class EngineRegistration(msgspec.Struct, tag=True, frozen=True):
 
     wire_version: int
     replica: int  # attention-DP replica index
-    request_types: tuple[str, ...]  # message kinds it takes ("generate", "abort")
+    request_types: tuple[str, ...]  # message kinds it takes ("generate", "abort", "control")
     role: str  # "plain" (PD roles later)
     model: str
     max_model_len: int
