@@ -282,8 +282,8 @@ class Control:
     ) -> None:
         """Releases run once drained: here, and with attention DP on every rank (each rank
         holding admission and drained as of the last exchange), so no peer can still admit."""
-        if not view.drained or (self.dp and not all(s[2] for s in shares or ())):
-            return
+        if not view.drained or (self.dp and not (shares and all(s[2] for s in shares))):
+            return  # (no shares yet: the first round has had no exchange)
         while self.releases:
             call = self.releases.popleft()
             tags = call.op.tags

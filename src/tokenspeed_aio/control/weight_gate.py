@@ -125,8 +125,8 @@ class GatedOps:
             return
         if shares is not None:
             heads = [share[0] for share in shares]
-            if -1 in heads:
-                return  # a peer has not received it yet
+            if not heads or -1 in heads:
+                return  # no exchange yet, or a peer has not received it yet
             if any(h != head.call_id for h in heads):
                 self.queue.popleft()
                 message = f"control operations reached the ranks in different orders: {heads}"
