@@ -69,6 +69,8 @@ def main(spec: dict) -> None:
         from tokenspeed_aio.data_plane.tensor_payload import serialize_named_tensors
 
         mp.set_sharing_strategy("file_system")  # handles any process can open
+        if spec.get("device") == "cuda":  # CUDA tensors travel as CUDA IPC handles
+            named = [(name, t.cuda()) for name, t in named]
         payload = serialize_named_tensors(named, spec.get("format"))
         (out / "payload.bin").write_bytes(payload)
         print("ready", flush=True)

@@ -50,6 +50,8 @@ from tokenspeed_aio.wire.control import (
 
 logger = logging.getLogger(__name__)
 
+_FAILED = object()  # a data-plane operation failed (and its call was answered)
+
 # (gated head call id or -1, release pending, ready for a release, regions released)
 GateShare = tuple[int, bool, bool, bool]
 
@@ -268,14 +270,9 @@ class Control:
             why = "has not run yet (still draining)" if pending else "is not released"
             self._reply(call, False, f"tags: the release of {missing} {why}", 409)
             return
-        try:
-            await self.device.resume_memory(tags)
-        except Exception as err:
-            logger.exception("resume_memory_occupation(%s) failed", tags)
-            self._reply(call, False, f"resume failed: {err}", 500)
-            return
-        self.released.difference_update(tags)
-        self._reply(call, True, f"resumed {tags}")
+        if await self._on_device(call, self.device.resume_memory(tags), "resume") is not _FAILED:
+            self.released.difference_update(tags)
+            self._reply(call, True, f"resumed {tags}")
 
     async def _run_releases(
         self, view: ControlView, shares: list[GateShare] | None, step: ControlStep
@@ -287,11 +284,7 @@ class Control:
         while self.releases:
             call = self.releases.popleft()
             tags = call.op.tags
-            try:
-                await self.device.release_memory(tags)
-            except Exception as err:
-                logger.exception("release_memory_occupation(%s) failed", tags)
-                self._reply(call, False, f"release failed: {err}", 500)
+            if await self._on_device(call, self.device.release_memory(tags), "release") is _FAILED:
                 continue
             self.released.update(tags)
             # The KV contents are gone: so are the prefix cache's entries (the scheduler
@@ -300,17 +293,27 @@ class Control:
             self._reply(call, True, f"released {tags}")
 
     async def _profile(self, call: ControlCall, op: StartProfile | StopProfile) -> None:
-        try:
-            if isinstance(op, StartProfile):
-                await self.device.start_profile(op)
+        if isinstance(op, StartProfile):
+            if await self._on_device(call, self.device.start_profile(op), "profile") is not _FAILED:
                 self._reply(call, True, f"profiling the forward thread into {op.output_dir}")
-            else:
-                self._reply(call, True, await self.device.stop_profile())
+        else:
+            trace = await self._on_device(call, self.device.stop_profile(), "stop_profile")
+            if trace is not _FAILED:
+                self._reply(call, True, trace)
+
+    async def _on_device(self, call: ControlCall, awaitable, what: str):
+        """Await a data-plane operation for its result; on failure answer ``call`` (a refusal
+        with its own status, else 500) and return _FAILED."""
+        try:
+            result = await awaitable
         except EngineError as err:
             self._reply(call, False, err.message, err.status)
+            return _FAILED
         except Exception as err:
-            logger.exception("profiler operation failed")
-            self._reply(call, False, f"profiler failed: {err}", 500)
+            logger.exception("%s failed on the data plane", what)
+            self._reply(call, False, f"{what} failed: {err}", 500)
+            return _FAILED
+        return result
 
     def _reply(self, call: ControlCall, ok: bool, message: str = "", status: int = 200) -> None:
         self._replies.append(
