@@ -1,6 +1,7 @@
-"""The RL step across ranks: TP 2 and attention DP 2. The same-round gate keeps the ranks
-in step (every rank enters the trainer's collectives in the same round), and a refusal on
-one rank loads nothing anywhere."""
+"""The RL step across ranks: TP 2 and attention DP 2, one step each way the weights travel
+(a gloo broadcast, a checkpoint on disk, torch multiprocessing tensors). The same-round gate
+keeps the ranks in step (every rank enters the trainer's collectives in the same round),
+and a refusal on one rank loads nothing anywhere."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ SMALL = dict(max_model_len=512, page_size=4, num_kv_blocks=256, max_num_seqs=16)
 async def test_rl_step_tp2_and_a_refusal_on_one_rank(ckpt, tmp_path):
     source = ckpt("llama")
     async with await AsyncEngine.start(EngineArgs(model=str(source), tp=2, **SMALL)) as engine:
-        step1 = tmp_path / "step-1"
+        step1, step2, step3 = (tmp_path / f"step-{i}" for i in (1, 2, 3))
         await rl_step(engine, source, step1, "distributed", num_ranks=2, version="step-1")
+        await rl_step(engine, step1, step2, "disk", num_ranks=2, version="step-2")
+        await rl_step(engine, step2, step3, "tensor", num_ranks=2, version="step-3")
         # TP rank 1's payload is unreadable: its staging refuses, so no rank loads.
         good = (step1 / "model.safetensors").read_bytes()
         with pytest.raises(EngineControlError) as refused:
@@ -28,15 +31,18 @@ async def test_rl_step_tp2_and_a_refusal_on_one_rank(ckpt, tmp_path):
             )
         assert refused.value.status == 400
         assert "rank 1" in refused.value.message and "safetensors" in refused.value.message
-        assert engine.weight_version == "step-1"
-        assert_matches(await generate(engine), step1)  # both ranks kept step 1's weights
+        assert engine.weight_version == "step-3"
+        assert_matches(await generate(engine), step3)  # both ranks kept step 3's weights
         await engine.check_idle()
 
 
 async def test_rl_step_dp2_and_a_flush_refused_on_one_replica(ckpt, tmp_path):
     source = ckpt("llama")
     async with await AsyncEngine.start(EngineArgs(model=str(source), dp=2, **SMALL)) as engine:
-        await rl_step(engine, source, tmp_path / "step-1", "distributed", num_ranks=2, version="v1")
+        step1, step2 = tmp_path / "step-1", tmp_path / "step-2"
+        await rl_step(engine, source, step1, "distributed", num_ranks=2, version="v1")
+        await rl_step(engine, step1, step2, "tensor", num_ranks=2, version="v2")
+        await rl_step(engine, step2, tmp_path / "step-3", "disk", num_ranks=2, version="v3")
         await engine.wait_idle()
         cached = {r: load.resident_blocks for r, (load, _) in engine.frontend.loads.items()}
         assert all(cached.values()), cached  # both replicas hold cached prefixes
