@@ -1,6 +1,6 @@
 """A trainer process for the RL tests: it "trains" (changes every weight of a checkpoint
-with seeded noise, in transformers), saves the new checkpoint for the reference, and
-hands the weights to the engine one of three ways:
+with seeded noise), saves the new checkpoint (the reference loads it in transformers),
+and hands the weights to the engine one of three ways:
 
     distributed  join the weight-update group as rank 0 (it hosts the store) and
                  broadcast every tensor in the manifest's order
@@ -24,20 +24,24 @@ from pathlib import Path
 
 def main(spec: dict) -> None:
     import torch
-    import transformers
+    from safetensors.torch import load_file, save_file
 
     src, out = Path(spec["source"]), Path(spec["out"])
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     generator = torch.Generator().manual_seed(spec.get("seed", 1))
-    with torch.no_grad():  # the "training step": every weight moves
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.3)
-    model.save_pretrained(out, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    named = []
+    for path in sorted(src.glob("*.safetensors")):
+        for name, tensor in load_file(path).items():  # the "training step": every weight moves
+            named.append((name, tensor + torch.randn(tensor.shape, generator=generator) * 0.3))
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(dict(named), str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in (
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ):
         if (src / name).exists():
             shutil.copy(src / name, out / name)
-    (out / "generation_config.json").unlink(missing_ok=True)
-    named = list(model.state_dict().items())
     manifest = {
         "names": [n for n, _ in named],
         "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
