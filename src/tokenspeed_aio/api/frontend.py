@@ -246,8 +246,6 @@ class Frontend:
         while True:
             batch = await self.connection.receive()
             self.loads[batch.replica] = (batch.load, time.monotonic())
-            if batch.replies:
-                self.calls.received(batch.replica, batch.replies)
             version = self.calls.weight_versions[batch.replica]
             for out in batch.outputs:
                 if out.rid in self.draining:  # ended here; the engine's outputs are moot
@@ -265,6 +263,10 @@ class Frontend:
                     del self.streams[out.rid]
                     if self.tracer is not None:
                         self._trace(stream, out.finish_reason or "error")
+            # After the outputs: a call answered in this batch finds its round's outputs
+            # (a pause's aborts) already in their streams.
+            if batch.replies:
+                self.calls.received(batch.replica, batch.replies)
 
     def _trace(self, stream: RequestStream, reason: str) -> None:
         self.tracer.record(

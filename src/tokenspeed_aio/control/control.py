@@ -71,6 +71,7 @@ class Control:
         self.held: list[Request] = []  # admitted while admission is held, arrival order
         self._held_rids: set[str] = set()
         self.drain_waiters: list[ControlCall] = []  # pause wait/abort calls, answered once drained
+        self._new_waiters: set[int] = set()  # arrived this round: answered from the next one
         self.releases: deque[ControlCall] = deque()  # releases waiting for their drain
         self.released: set[str] = set()  # regions whose memory is freed now
         self.gated = GatedOps(device, group)
@@ -121,6 +122,7 @@ class Control:
     ) -> ControlStep:
         step = ControlStep(adm.requests, adm.constrained)
         self.gated.fresh.clear()
+        self._new_waiters.clear()
         if adm.aborted and self._held_rids:
             self._drop_held(adm.aborted, step)
         if adm.calls:
@@ -132,9 +134,12 @@ class Control:
         if self.held and not self.holding:
             self._release_held(step)
         if self.drain_waiters and view.drained:
+            # Not one that arrived this round: what came before it (admitted now, or aborted
+            # by it) has not run or ended yet.
             for call in self.drain_waiters:
-                self._reply(call, True, "generation paused")
-            self.drain_waiters.clear()
+                if call.call_id not in self._new_waiters:
+                    self._reply(call, True, "generation paused")
+            self.drain_waiters = [c for c in self.drain_waiters if c.call_id in self._new_waiters]
         if self.releases:
             await self._run_releases(view, shares, step)
         if self.gated.queue:
@@ -227,6 +232,7 @@ class Control:
         self.pause = op.mode
         step.abort_all = step.abort_all or op.mode == "abort"
         self.drain_waiters.append(call)
+        self._new_waiters.add(call.call_id)
 
     def _release(self, call: ControlCall, op: ReleaseMemory) -> None:
         tags = op.tags or list(MEMORY_TAGS)
