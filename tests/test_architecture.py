@@ -187,4 +187,19 @@ def test_device_handle_exposes_only_named_operations():
     """The handle is the complete list of what the control plane may ask of the
     device; widening it is a design change, so this list changes with it."""
     public = sorted(n for n in vars(DeviceHandle) if not n.startswith("_"))
-    assert public == ["enter_serving", "execute", "forward_timeline", "idle_forward", "shutdown"]
+    assert public == [
+        "commit_weights",
+        "destroy_weights_group",
+        "enter_serving",
+        "execute",
+        "forward_timeline",
+        "idle_forward",
+        "init_weights_group",
+        "load_staged_weights",
+        "release_memory",
+        "resume_memory",
+        "shutdown",
+        "stage_weights",
+        "start_profile",
+        "stop_profile",
+    ]

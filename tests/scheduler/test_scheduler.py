@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from tokenspeed_aio.sampling_params import SamplingParams
-from tokenspeed_aio.scheduler.kv_events import BlockRemoved, BlockStored
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardCommitted, RequestFinished
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig, SubmissionRejected
@@ -278,22 +277,6 @@ def test_request_outgrowing_cache_is_aborted_in_plan():
     assert sampled == 16 - 10 + 1  # the token after the last KV position
     assert grow.status is Status.FINISHED and not sched.holds("grow")
     sched.check_idle()
-
-
-def test_kv_events_net_per_round():
-    sched = make_scheduler(num_blocks=6)  # 5 usable blocks
-    submit(sched, "a", list(range(8)), max_tokens=1)  # 2 full blocks cached
-    commit(sched, sched.next_execution_plan(), finished=["a"])
-    stored = sched.drain_kv_events()
-    assert [type(e) for e in stored] == [BlockStored, BlockStored]
-    assert [e.token_ids for e in stored] == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    assert stored[1].parent_hash == stored[0].block_hash
-    submit(sched, "b", list(range(50, 70)), max_tokens=1)  # needs 5 blocks: evicts both
-    commit(sched, sched.next_execution_plan(), finished=["b"])
-    events = sched.drain_kv_events()
-    removed = {e.block_hash for e in events if isinstance(e, BlockRemoved)}
-    assert removed == {e.block_hash for e in stored}
-    assert sched.drain_kv_events() == []
 
 
 def test_rows_carry_each_field_by_name():

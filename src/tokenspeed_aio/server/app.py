@@ -29,6 +29,7 @@ from tokenspeed_aio.server.middleware import GuardMiddleware
 from tokenspeed_aio.server.openapi import install_openapi
 from tokenspeed_aio.server.routes_chat import chat_router
 from tokenspeed_aio.server.routes_completions import completions_router
+from tokenspeed_aio.server.routes_control import control_router
 from tokenspeed_aio.server.routes_info import info_router
 from tokenspeed_aio.server.routes_sglang import sglang_router
 
@@ -56,7 +57,8 @@ def build_app(
     app = FastAPI(title="tokenspeed_aio", summary="OpenAI-compatible LLM serving")
     app.state.context = ctx
     install_error_handlers(app)
-    for router in (info_router, completions_router, chat_router, sglang_router):
+    routers = (info_router, completions_router, chat_router, sglang_router, control_router)
+    for router in routers:
         app.include_router(router(ctx))
     install_openapi(app)
     app.add_middleware(
