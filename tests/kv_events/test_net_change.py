@@ -5,12 +5,14 @@ publishes nothing for it, and a round publishes at most one batch."""
 from __future__ import annotations
 
 from helpers.generation import final_outputs
-from scheduler.test_scheduler import Driver
 
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.scheduler.block_pool import BlockPool
 from tokenspeed_aio.scheduler.kv_events import BlockRemoved, BlockStored
+from tokenspeed_aio.scheduler.plan import ForwardCommitted, RequestFinished
 from tokenspeed_aio.scheduler.prefix_cache import chain_hash
+from tokenspeed_aio.scheduler.request import Request
+from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig
 
 
 def test_a_block_stored_and_evicted_before_the_drain_publishes_nothing():
@@ -28,21 +30,37 @@ def test_a_block_stored_and_evicted_before_the_drain_publishes_nothing():
     assert pool.events.drain() == []
 
 
+def _run_to_end(sched: Scheduler, rid: str) -> None:
+    """Plan and commit ``rid``'s one-token request, then finish it (the output processor's
+    part), as a round at depth 0 would."""
+    plan = sched.next_execution_plan()
+    sched.advance([ForwardCommitted(plan.plan_id, [7] * len(plan.sample_rows))])
+    sched.advance([RequestFinished(rid)])
+
+
 def test_a_block_evicted_and_stored_again_in_one_round_publishes_nothing():
-    d = Driver(num_blocks=2, page_size=4)  # one usable block
-    d.submit("a", [1, 2, 3, 4], max_tokens=1)
-    d.run()
-    (stored,) = d.sched.drain_kv_events()
+    sched = Scheduler(
+        SchedulerConfig(
+            num_blocks=2, page_size=4, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64
+        )
+    )  # one usable block
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    sched.submit([Request("a", [1, 2, 3, 4], params, seed=0, max_output=1)])
+    _run_to_end(sched, "a")
+    (stored,) = sched.drain_kv_events()
     assert isinstance(stored, BlockStored) and stored.token_ids == (1, 2, 3, 4)
     # The same prompt again: a prompt's last token is always recomputed, so it takes no
     # prefix hit and its one block evicts the cached copy -- and caches it again as its
     # prefill is dispatched, in the same round.
-    d.submit("b", [1, 2, 3, 4], max_tokens=1)
-    d.round()
-    assert d.sched.cached_block_hashes() == {stored.block_hash}
-    assert d.sched.drain_kv_events() == []
-    d.run()
-    assert d.sched.drain_kv_events() == []
+    sched.submit([Request("b", [1, 2, 3, 4], params, seed=0, max_output=1)])
+    plan = sched.next_execution_plan()
+    assert [row.rid for row in plan.rows] == ["b"]
+    assert sched.cached_block_hashes() == {stored.block_hash}
+    assert sched.drain_kv_events() == []
+    sched.advance([ForwardCommitted(plan.plan_id, [7])])
+    sched.advance([RequestFinished("b")])
+    assert sched.drain_kv_events() == []
+    sched.check_idle()
 
 
 async def test_a_round_publishes_at_most_one_batch(ckpt, start_engine):
