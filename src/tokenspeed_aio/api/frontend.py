@@ -28,6 +28,7 @@ from tokenspeed_aio.tokenization.detokenizer import IncrementalDetokenizer
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
+    Bootstrap,
     GenerateRequest,
     InboundMessage,
     Load,
@@ -61,8 +62,10 @@ class Frontend:
         vocab_size: int,
         eos_token_ids: tuple[int, ...] = (),
         num_replicas: int = 1,
+        role: str = "plain",
     ) -> None:
         self.tokenizer = tokenizer
+        self.role = role  # plain, or a prefill / decode engine of a PD deployment
         self.connection = connection
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size  # the model's
@@ -88,11 +91,12 @@ class Frontend:
         *,
         prompt_token_ids: list[int] | None = None,
         rid: str | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> AsyncIterator[RequestOutput]:
         params = sampling_params or SamplingParams()
         ids = await self._prompt_ids(prompt, prompt_token_ids)
-        self.validate(ids, params)
-        stream = self.submit(rid or uuid.uuid4().hex, ids, params)
+        self.validate(ids, params, bootstrap)
+        stream = self.submit(rid or uuid.uuid4().hex, ids, params, bootstrap)
         try:
             while True:
                 item = (
@@ -119,9 +123,13 @@ class Frontend:
             return await self.tokenizer.encode_async(prompt)
         return self.tokenizer.encode(prompt)
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(
+        self, ids: list[int], params: SamplingParams, bootstrap: Bootstrap | None = None
+    ) -> None:
         """Every client-facing check of a request (HTTP 400), made once, here: the rank
         checks only what it alone knows (a rid it still holds, its KV capacity)."""
+        if bootstrap is not None:
+            self._validate_bootstrap(params, bootstrap)
         if params.n != 1:
             raise InvalidRequestError(
                 "n: one generate() call is one sequence; call it n times (the HTTP API fans "
@@ -158,7 +166,38 @@ class Frontend:
                     param="stop_token_ids",
                 )
 
-    def submit(self, rid: str, ids: list[int], params: SamplingParams) -> RequestStream:
+    def _validate_bootstrap(self, params: SamplingParams, bootstrap: Bootstrap) -> None:
+        if self.role == "plain":
+            raise InvalidRequestError(
+                "bootstrap_room: this engine serves requests whole (--disaggregation-mode "
+                "plain); send disaggregated requests to prefill and decode engines",
+                param="bootstrap_room",
+            )
+        if not 0 <= bootstrap.room < 2**63:
+            raise InvalidRequestError(
+                f"bootstrap_room: must be in [0, 2**63), got {bootstrap.room}",
+                param="bootstrap_room",
+            )
+        if not 0 < bootstrap.port < 65536 or not bootstrap.host:
+            raise InvalidRequestError(
+                f"bootstrap_host/bootstrap_port: {bootstrap.host!r}:{bootstrap.port} is not "
+                "an address",
+                param="bootstrap_port",
+            )
+        if self.role == "decode" and params.prompt_logprobs is not None:
+            raise InvalidRequestError(
+                "prompt_logprobs: a disaggregated decode engine does not compute the prompt "
+                "(its prefill engine does); ask without echo/prompt logprobs",
+                param="prompt_logprobs",
+            )
+
+    def submit(
+        self,
+        rid: str,
+        ids: list[int],
+        params: SamplingParams,
+        bootstrap: Bootstrap | None = None,
+    ) -> RequestStream:
         if self.dead is not None:
             raise self.dead
         if rid in self.streams:
@@ -172,7 +211,7 @@ class Frontend:
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         replica = self.route()
         stream = self.streams[rid] = RequestStream(rid, params, detok, replica)
-        self.connection.send(GenerateRequest(rid, ids, params, seed), replica)
+        self.connection.send(GenerateRequest(rid, ids, params, seed, bootstrap), replica)
         for other in range(self.num_replicas):
             if other != replica:
                 self.connection.send(Wake(), other)

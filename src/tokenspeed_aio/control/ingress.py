@@ -21,6 +21,7 @@ from tokenspeed_aio.control.output import refusal
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
+    FlushCache,
     GenerateRequest,
     InboundMessage,
     StopEngine,
@@ -36,12 +37,16 @@ class Admission:
     constrained: list[Request] = field(default_factory=list)  # to the grammar queue first
     aborted: list[str] = field(default_factory=list)  # owned rids the clients aborted
     refusals: list[TokenOutput] = field(default_factory=list)  # final outputs to send
+    flush_cache: bool = False  # drop the cached-only prefix blocks (refused while any is active)
     stop: bool = False
 
 
 class Ingress:
-    def __init__(self, *, max_model_len: int) -> None:
+    def __init__(self, *, max_model_len: int, role: str = "plain") -> None:
         self.max_model_len = max_model_len  # caps a request's outputs (max_output)
+        # A prefill engine samples one token of a disaggregated request: the decode
+        # engine samples the rest.
+        self.sends_kv = role == "prefill"
 
     def admit(
         self,
@@ -61,6 +66,8 @@ class Ingress:
                     adm.refusals.append(refusal(msg.rid, 0, None, reason="abort"))
                 elif owned(msg.rid):
                     adm.aborted.append(msg.rid)
+            elif isinstance(msg, FlushCache):
+                adm.flush_cache = True
             elif isinstance(msg, StopEngine):
                 adm.stop = True
         for req in batch.values():
@@ -87,11 +94,14 @@ class Ingress:
         prompt_len = len(msg.prompt_token_ids)
         room = self.max_model_len - prompt_len
         max_tokens = msg.params.max_tokens
+        if msg.bootstrap is not None and self.sends_kv:
+            max_tokens = 1
         req = Request(
             rid,
             msg.prompt_token_ids,
             msg.params,
             seed=msg.seed,
             max_output=room if max_tokens is None else min(max_tokens, room),
+            bootstrap=msg.bootstrap,
         )
         batch[rid] = req

@@ -17,7 +17,7 @@ import torch
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
 from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
-from tokenspeed_aio.data_plane.landing import LaunchedForward
+from tokenspeed_aio.data_plane.landing import LaunchedForward, no_forward
 from tokenspeed_aio.data_plane.memory_profile import activation_peak_bytes
 from tokenspeed_aio.data_plane.runner import ModelRunner
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
@@ -33,6 +33,8 @@ from tokenspeed_aio.model.kv_cache import (
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
 from tokenspeed_aio.model.parallel import init_tensor_parallel
 from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
+from tokenspeed_aio.pd.factory import build_transfer_peer
+from tokenspeed_aio.pd.peer import PeerControl, PeerLoop
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 
 logger = logging.getLogger(__name__)
@@ -41,9 +43,12 @@ logger = logging.getLogger(__name__)
 class DeviceHandle:
     """What the running loop may ask of the device: named operations, nothing else."""
 
-    def __init__(self, runner: ModelRunner, device: torch.device) -> None:
+    def __init__(
+        self, runner: ModelRunner, device: torch.device, transfer: PeerLoop | None = None
+    ) -> None:
         self._runner = runner
         self._device = device
+        self._transfer = transfer  # the PD transfer peer, the plans' second executor
 
     def enter_serving(self) -> None:
         """Startup is over: arm the sync-debug mode, then close the JIT window."""
@@ -51,7 +56,29 @@ class DeviceHandle:
         compile_monitor().mark_serving()
 
     def execute(self, plan: ExecutionPlan) -> LaunchedForward:
-        return self._runner.execute(plan)
+        """The plan's batch to the model, then its remote streams to the transfer peer:
+        landing pages are advertised only behind a fence on every forward queued before
+        them (the prefill ranks' writes are not ordered with the device); a finished
+        prompt's KV is complete already (its result landed before it was planned)."""
+        if plan.rows:
+            launched = self._runner.execute(plan)
+        else:
+            stats = compile_monitor().stats
+            launched = no_forward(plan, (stats.serving_compiles, stats.serving_compile_seconds))
+        if plan.remote_prefill:
+            self._transfer.stage(plan.remote_prefill, self._fence())
+        if plan.remote_decode:
+            self._transfer.stage(plan.remote_decode, None)
+        return launched
+
+    def _fence(self):
+        """A wait for everything queued on the device so far (None on CPU, where the
+        forward thread ran it all already)."""
+        if self._device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event.synchronize
 
     def idle_forward(self) -> None:
         self._runner.idle_forward()
@@ -62,6 +89,9 @@ class DeviceHandle:
 
     def shutdown(self) -> None:
         compile_monitor().end_serving()
+        if self._transfer is not None:
+            self._transfer.close()
+            self._transfer = None
         self._runner = None
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -75,6 +105,9 @@ class DeviceHandle:
 class DeviceBuild:
     specs: DeviceSpecs
     handle: DeviceHandle
+    # The PD transfer peer's control face (registration, cancel, the poll); None for a
+    # plain engine.
+    transfer: PeerControl | None = None
 
 
 def resolve_device(name: str, local_index: int) -> torch.device:
@@ -199,6 +232,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     k_caches, v_caches = allocate_kv_cache(
         config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype, device
     )
+    transfer = build_transfer_peer(args, rank.tp_rank, rank.tp_size, k_caches, v_caches)
     runner = ModelRunner(
         model=model,
         vocab_size=config.vocab_size,
@@ -242,5 +276,10 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         dtype=str(dtype).removeprefix("torch."),
         attention_backend=backend_name,
         kv_bytes_per_block=per_block,
+        role=args.disaggregation_mode,
     )
-    return DeviceBuild(specs=specs, handle=DeviceHandle(runner, device))
+    return DeviceBuild(
+        specs=specs,
+        handle=DeviceHandle(runner, device, transfer),
+        transfer=None if transfer is None else PeerControl(transfer),
+    )

@@ -31,6 +31,7 @@ class AdmissionMixin:
     running: list[Request]
     pool: BlockPool
     page_size: int
+    role: str
     _free_slots: list[int]
 
     def submit(self, batch: list[Request]) -> None:
@@ -71,6 +72,10 @@ class AdmissionMixin:
             req = self.waiting[0]
             if req.num_pending:
                 break  # retracted with tokens still in flight: re-admit once they land
+            if req.room is not None and self.role == "decode":
+                if not self._admit_remote(req, plan):
+                    break  # its landing pages fit once residents give back their blocks
+                continue
             hits: list[int] = []
             if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
                 hash_full_blocks(req, page)
