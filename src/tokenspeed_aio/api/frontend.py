@@ -12,7 +12,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from tokenspeed_aio.api.outputs import RequestOutput
@@ -33,6 +33,7 @@ from tokenspeed_aio.wire.messages import (
     InboundMessage,
     Load,
     OutputBatch,
+    TransferRecord,
     Wake,
 )
 
@@ -79,6 +80,8 @@ class Frontend:
         # one now would hand the new stream the old request's tokens and its abort.
         self.draining: set[str] = set()
         self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
+        # Where the PD transfers the engine reports ended go (the server's metrics).
+        self.on_transfers: Callable[[list[TransferRecord]], None] | None = None
         self.dead: EngineError | None = None
         self._task = asyncio.create_task(self._pump(), name="ts-frontend-outputs")
         self._task.add_done_callback(self._pump_done)
@@ -264,6 +267,8 @@ class Frontend:
         while True:
             batch = await self.connection.receive()
             self.loads[batch.replica] = (batch.load, time.monotonic())
+            if batch.transfers and self.on_transfers is not None:
+                self.on_transfers(batch.transfers)
             for out in batch.outputs:
                 if out.rid in self.draining:  # ended here; the engine's outputs are moot
                     if out.finished:

@@ -48,7 +48,18 @@ REGISTERED, CLAIMED, QUARANTINED = "registered", "claimed", "quarantined"
 
 
 class _Room:
-    __slots__ = ("cancelled", "created", "failed", "link", "pages", "rid", "room", "state", "where")
+    __slots__ = (
+        "cancelled",
+        "claimed",
+        "created",
+        "failed",
+        "link",
+        "pages",
+        "rid",
+        "room",
+        "state",
+        "where",
+    )
 
     def __init__(self, rid: str, bootstrap: Bootstrap) -> None:
         self.rid = rid
@@ -58,6 +69,7 @@ class _Room:
         self.link: _Link | None = None
         self.pages: list[int] | None = None  # landing pages, once the plan staged them
         self.created = time.monotonic()
+        self.claimed = 0.0  # when the Claim went out
         self.cancelled = False  # a Cancel went out: waiting for its acknowledgment
         self.failed = False  # its FAILED was reported
 
@@ -162,6 +174,7 @@ class DecodePeer(PeerLoop):
 
     def _claim(self, room: _Room) -> None:
         room.state = CLAIMED
+        room.claimed = time.monotonic()
         room.link.send(Claim(room.room, room.pages))
 
     def _stop(self, room: _Room) -> None:
@@ -294,7 +307,7 @@ class DecodePeer(PeerLoop):
                         token=msg.token,
                         logprobs=msg.logprobs,
                         num_bytes=msg.num_bytes,
-                        seconds=msg.seconds,
+                        seconds=time.monotonic() - room.claimed,  # pages advertised -> KV in
                     ),
                 )
         elif isinstance(msg, Fail):
