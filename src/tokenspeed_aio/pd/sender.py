@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -44,6 +45,9 @@ from tokenspeed_aio.wire.messages import Bootstrap
 logger = logging.getLogger(__name__)
 
 NUM_WRITERS = 2  # write worker threads (each write blocks in Mooncake, the GIL released)
+# Fault injection for the tests: every write waits this long first, so a test can cancel
+# or kill an engine while transfers are executing.
+WRITE_DELAY_ENV = "TOKENSPEED_PD_WRITE_DELAY"
 WAITING, QUEUED, DONE = "waiting", "queued", "done"
 
 
@@ -124,6 +128,7 @@ class PrefillPeer(PeerLoop):
         for thread in self._writers:
             thread.start()
         self._bootstrap = BootstrapServer(layout.tp_size) if serve_bootstrap else None
+        self._write_delay = float(os.environ.get(WRITE_DELAY_ENV, "0"))
         self.run(self._start(host, bootstrap), timeout=timeout + 30)
 
     async def _start(self, host: str, bootstrap: tuple[str, int]) -> None:
@@ -201,6 +206,8 @@ class PrefillPeer(PeerLoop):
             sources, targets, lengths = write_plan(
                 self.layout, send.conn.hello.layout, send.stream.block_ids, send.pages
             )
+            if self._write_delay:
+                time.sleep(self._write_delay)
             start = time.perf_counter()
             try:
                 rc = self.engine.write(send.conn.hello.session, sources, targets, lengths)
