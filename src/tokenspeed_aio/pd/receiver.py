@@ -162,6 +162,9 @@ class DecodePeer(PeerLoop):
         except PeerError as err:
             self._fail(room, err.status, err.message)
             self._retire(room)
+            ranks = self._rosters.get(room.where)
+            if ranks and self.tp_rank < len(ranks):  # it may drop its half at once
+                self.spawn(self._send_cancel(ranks[self.tp_rank], room.room))
             return
         if self._rooms.get(room.rid) is not room:
             return  # cancelled (and retired) while looking up
@@ -265,6 +268,16 @@ class DecodePeer(PeerLoop):
             writer.close()
             raise ConnectionError("not a prefill transfer peer")
         return reader, writer, welcome
+
+    async def _send_cancel(self, endpoint: RankEndpoint, room: int) -> None:
+        """Tell a prefill rank this decode rank cannot take (another layout) to drop a
+        room, instead of leaving it to its timeout; nothing was advertised to it."""
+        with contextlib.suppress(OSError, ConnectionError, TimeoutError):
+            reader, writer, _ = await self._connect(endpoint)
+            write_frame(writer, Cancel(room))
+            await writer.drain()
+            await asyncio.wait_for(read_frame(reader, "control"), CONNECT_SECONDS)
+            writer.close()
 
     async def _open(self, endpoint: RankEndpoint, where: tuple[str, int]) -> _Link:
         link = _Link(endpoint, where)

@@ -273,14 +273,12 @@ class PrefillPeer(PeerLoop):
                 problem = f"decode rank {hello.tp_rank} dialed prefill rank {self.tp_rank}"
             write_frame(writer, Welcome(self.instance, problem))
             await writer.drain()
-            if problem is not None:
-                return
             conn = _Conn(writer, hello)
             while True:
                 msg = await read_frame(reader, "control")
-                if isinstance(msg, Claim):
+                if isinstance(msg, Claim) and problem is None:
                     self._on_claim(conn, msg)
-                elif isinstance(msg, Cancel):
+                elif isinstance(msg, Cancel):  # taken even from a rank it refused
                     self._on_cancel(conn, msg.room)
                 await writer.drain()
         except (ConnectionError, OSError, TimeoutError):
