@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import time
@@ -17,7 +16,15 @@ import httpx
 import psutil
 import pytest
 
-from pd.harness import MODEL, scrape, start_engine, start_gateway, wait_clean, wait_engine
+from pd.harness import (
+    BOOTSTRAP_TIMEOUT,
+    MODEL,
+    scrape,
+    start_engine,
+    start_gateway,
+    wait_clean,
+    wait_engine,
+)
 from pd.workload import GREEDY, PROMPTS, completion
 
 WRITE_DELAY = 2.0  # seconds every write of the slow prefill engine waits first
@@ -27,11 +34,13 @@ WRITE_DELAY = 2.0  # seconds every write of the slow prefill engine waits first
 def slow_prefill(deployment):
     """A prefill engine whose writes start WRITE_DELAY late (so transfers are in flight
     long enough to cancel or kill), with a gateway pairing it with D1."""
-    os.environ["TOKENSPEED_PD_WRITE_DELAY"] = str(WRITE_DELAY)
-    try:
-        engine = start_engine(deployment.checkpoint, deployment.logs, "P-slow", role="prefill")
-    finally:
-        del os.environ["TOKENSPEED_PD_WRITE_DELAY"]
+    engine = start_engine(
+        deployment.checkpoint,
+        deployment.logs,
+        "P-slow",
+        role="prefill",
+        env={"TOKENSPEED_PD_WRITE_DELAY": str(WRITE_DELAY)},
+    )
     try:
         wait_engine(engine)
         gateway = start_gateway(
@@ -173,7 +182,7 @@ def test_sigkill_of_the_prefill_engine_fails_its_transfers_and_decode_serves_on(
 ):
     prefill, gateway = slow_prefill
     decode = deployment.engines["D1"]
-    timeout = 20  # the engines' --disaggregation-bootstrap-timeout
+    timeout = BOOTSTRAP_TIMEOUT
 
     async def run() -> list:
         async with httpx.AsyncClient(timeout=60) as client:

@@ -11,6 +11,10 @@ import threading
 
 logger = logging.getLogger(__name__)
 
+# Writes per batch call: the TCP transport's lanes queue a bounded number of slices and
+# refuse a larger batch whole (a 1k-token prompt on scattered pages is 4096 writes).
+MAX_BATCH = 256
+
 
 class MooncakeEngine:
     def __init__(self, host: str) -> None:
@@ -39,10 +43,20 @@ class MooncakeEngine:
             raise RuntimeError(f"Mooncake could not register {length} bytes at {address:#x}")
         self._registered.append(address)
 
-    def write(self, session: str, sources: list[int], targets: list[int], lengths: list[int]):
-        """Write local regions into a peer's registered memory; blocks (releasing the
-        GIL) until every write was acknowledged. 0 on success."""
-        return self._engine.batch_transfer_sync_write(session, sources, targets, lengths)
+    def write(
+        self, session: str, sources: list[int], targets: list[int], lengths: list[int]
+    ) -> int:
+        """Write local regions into a peer's registered memory, MAX_BATCH at a time;
+        blocks (releasing the GIL) until every write was acknowledged. 0 on success,
+        else the failed batch's code (the writes after it are not attempted)."""
+        for i in range(0, len(sources), MAX_BATCH):
+            end = i + MAX_BATCH
+            rc = self._engine.batch_transfer_sync_write(
+                session, sources[i:end], targets[i:end], lengths[i:end]
+            )
+            if rc != 0:
+                return rc
+        return 0
 
     def close(self) -> None:
         with self._lock:
