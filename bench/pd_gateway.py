@@ -8,10 +8,12 @@ engine through the same gateway, and the KV transfer's throughput.
    then the aggregated engine alone (regular mode); TTFT, TPOT, throughput of both, and
    the transfers' GB/s and count from the engines' own metrics.
 
-CPU (docs/performance.md's CPU/TCP numbers)::
+CPU (docs/performance.md's CPU/TCP numbers; ``--interleave`` keeps all three engines up
+and alternates single requests between the two gateways, so a shared machine's load
+falls on both alike)::
 
     python bench/pd_gateway.py --device cpu --shape tiny --input-len 512 --output-len 16 \\
-        --concurrency 4 --num-requests 32 --out bench/results/pd-gateway-cpu
+        --num-requests 40 --interleave --out bench/results/pd-gateway-tiny-cpu
 
 H200, prefill and decode sharing the one GPU (each a fixed half of the KV memory), in
 one device call (< 6 minutes)::
@@ -35,8 +37,10 @@ The two-GPU variant is the same command with ``--decode-device-index 1``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -215,6 +219,77 @@ def pd_vs_aggregated(ns, logs: Path) -> dict:
     }
 
 
+async def _ttft(url: str, prompt: list[int], output_len: int) -> tuple[float, float]:
+    """(TTFT, mean time per output token after the first), seconds, of one request."""
+    from tokenspeed_aio.bench.targets import ServerTarget
+
+    target = ServerTarget(url)
+    try:
+        start = time.perf_counter()
+        times = [time.perf_counter() async for c in target.stream(prompt, output_len) if c.new_ids]
+    finally:
+        await target.close()
+    tpot = (times[-1] - times[0]) / max(output_len - 1, 1)
+    return times[0] - start, tpot
+
+
+def interleaved(ns, logs: Path) -> dict:
+    """PD and aggregated side by side, single requests alternating between the gateways."""
+    import random
+
+    ckpt = checkpoint_dir(ns.shape)
+    flags = engine_flags(ns)
+    env = {"TOKENSPEED_PD_PROTOCOL": ns.protocol}
+    started = []
+    try:
+        prefill = start_engine(
+            ckpt, logs, "prefill", model_name=MODEL, role="prefill", env=env, **flags
+        )
+        decode = start_engine(
+            ckpt, logs, "decode", model_name=MODEL, role="decode", env=env, **flags
+        )
+        plain = start_engine(ckpt, logs, "aggregated", model_name=MODEL, **flags)
+        started += [prefill, decode, plain]
+        for engine in started:
+            wait_engine(engine)
+        pd = start_gateway(logs, "gateway-pd", prefill=[prefill], decode=[decode])
+        regular = start_gateway(logs, "gateway-regular", regular=[plain], policy="cache_aware")
+        started += [pd, regular]
+        vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+        rng = random.Random(0)
+        samples: dict[str, list[tuple[float, float]]] = {"pd": [], "aggregated": []}
+        for i in range(ns.num_requests + 2):
+            prompt = [rng.randrange(1, vocab) for _ in range(ns.input_len)]
+            order = [("pd", pd.url), ("aggregated", regular.url)]
+            for name, url in order if i % 2 else order[::-1]:
+                sample = asyncio.run(_ttft(url, prompt, ns.output_len))
+                if i >= 2:  # the first two are warm-up
+                    samples[name].append(sample)
+        transfers = scrape(prefill.url, MODEL)
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+    result = {}
+    for name, rows in samples.items():
+        ttft = sorted(t for t, _ in rows)
+        result[name] = {
+            "ttft_ms_p50": 1e3 * statistics.median(ttft),
+            "ttft_ms_p90": 1e3 * ttft[int(0.9 * (len(ttft) - 1))],
+            "tpot_ms_p50": 1e3 * statistics.median(tp for _, tp in rows),
+            "requests": len(rows),
+        }
+    result["added_ttft_ms_p50"] = result["pd"]["ttft_ms_p50"] - result["aggregated"]["ttft_ms_p50"]
+    label = 'role="prefill"'
+    result["prefill_transfers"] = {
+        "count": transfers.get(f'tokenspeed:pd_transfers_total{{outcome="ok",{label}}}', 0),
+        "gb_per_s": transfers.get(f"tokenspeed:pd_transfer_throughput_gbps{{{label}}}", 0),
+        "mean_ms": 1e3
+        * transfers.get(f"tokenspeed:pd_transfer_seconds_sum{{{label}}}", 0)
+        / max(transfers.get(f"tokenspeed:pd_transfer_seconds_count{{{label}}}", 0), 1),
+    }
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -227,6 +302,9 @@ def main() -> int:
     parser.add_argument("--protocol", default="tcp", help="Mooncake protocol (tcp, rdma, ...)")
     parser.add_argument("--decode-device-index", type=int, help="the decode engine's GPU")
     parser.add_argument("--skip-transfer", action="store_true")
+    parser.add_argument(
+        "--interleave", action="store_true", help="CPU: single requests, alternating gateways"
+    )
     parser.add_argument("--out", type=Path, required=True, help="directory for the raw JSON")
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
@@ -234,7 +312,10 @@ def main() -> int:
     summary: dict = {"args": {k: str(v) for k, v in vars(ns).items()}}
     if not ns.skip_transfer:
         summary["transfer"] = transfer_throughput(ns.device, ns.protocol)
-    summary.update(pd_vs_aggregated(ns, logs))
+    if ns.interleave:
+        summary["interleaved"] = interleaved(ns, logs)
+    else:
+        summary.update(pd_vs_aggregated(ns, logs))
     (ns.out / "summary.json").write_text(json.dumps(summary, indent=1))
 
     print("\n## KV transfer alone (Llama-3.1-8B page layout)\n")
@@ -244,6 +325,23 @@ def main() -> int:
             f"| {row['prompt_tokens']} | {row['bytes'] / 2**20:.1f} | {row['writes']} | "
             f"{row['best_ms']:.2f} | {row['gb_per_s']:.2f} |"
         )
+    if ns.interleave:
+        r = summary["interleaved"]
+        print(f"\n## single requests through the gateways ({ns.shape}, {ns.input_len} in)\n")
+        print("| | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | requests |\n|---|---|---|---|---|")
+        for name in ("pd", "aggregated"):
+            m = r[name]
+            print(
+                f"| {name} | {m['ttft_ms_p50']:.1f} | {m['ttft_ms_p90']:.1f} | "
+                f"{m['tpot_ms_p50']:.2f} | {m['requests']} |"
+            )
+        t = r["prefill_transfers"]
+        print(
+            f"\nadded TTFT p50: {r['added_ttft_ms_p50']:.1f} ms; prefill transfers: "
+            f"{t['count']:.0f}, {t['gb_per_s']:.3f} GB/s, mean {t['mean_ms']:.2f} ms"
+        )
+        print(f"\nraw results: {ns.out}; engine logs: {logs}")
+        return 0
     print(f"\n## fixed-1k through the gateway ({ns.shape}, {ns.device}, c={ns.concurrency})\n")
     print("| | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | out tok/s | failed |")
     print("|---|---|---|---|---|---|")

@@ -27,7 +27,10 @@ from pd.harness import (
 )
 from pd.workload import GREEDY, PROMPTS, completion
 
-WRITE_DELAY = 2.0  # seconds every write of the slow prefill engine waits first
+WRITE_DELAY = 3.0  # seconds every write of the slow prefill engine waits first
+
+# The deployment's engines start once, inside the first test's setup.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +80,21 @@ def test_a_client_cancelling_mid_transfer_leaves_nothing_held(deployment, slow_p
     prefill, gateway = slow_prefill
     decode = deployment.engines["D1"]
 
-    async def run() -> None:
+    async def run() -> float:
         # (the gateway answers a stream only once the prefill engine's half ended)
         task = asyncio.create_task(_stream(gateway.url))
         await asyncio.to_thread(wait_in_flight, decode)  # the decode waits for its KV
         await asyncio.to_thread(wait_in_flight, prefill)
+        seen = time.monotonic()
         task.cancel()  # the client leaves while the prefill's write is executing
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        return seen
 
-    asyncio.run(run())
+    seen = asyncio.run(run())
+    while in_flight(decode):  # its landing pages wait for the executing write to retire
+        time.sleep(0.05)
+    assert time.monotonic() - seen > WRITE_DELAY - 1.5, "retired before the write returned"
     wait_clean([prefill, decode], timeout=WRITE_DELAY + 8)  # well before the rooms' timeout
     cancelled = '{outcome="cancelled",role="decode"}'
     assert scrape(decode.url)[f"tokenspeed:pd_transfers_total{cancelled}"] >= 1

@@ -14,6 +14,9 @@ from pd.workload import CHATS, PROMPTS, chat, completion, stream_text
 
 PD_GATEWAYS = ["1p1d", "mini-lb", "2p1d", "1p2d"]
 
+# The deployment's engines start once, inside the first test's setup.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def aggregated(deployment):

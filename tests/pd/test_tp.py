@@ -10,6 +10,9 @@ from helpers.reference import hf_greedy
 from pd.harness import start_engine, start_gateway, wait_clean, wait_engine
 from pd.workload import PROMPTS, completion
 
+# The deployment's engines start once, inside the first test's setup.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def tp2(deployment):
