@@ -98,7 +98,6 @@ class _RemoteRanks:
         self.vocab_size = processes.registrations[0].vocab_size
         self.eos_token_ids = processes.registrations[0].eos_token_ids
         self.role = processes.registrations[0].role
-        self.bootstrap_port = processes.registrations[0].bootstrap_port
         self._watch: asyncio.Task | None = None
 
     def supervise(self, frontend: Frontend) -> None:

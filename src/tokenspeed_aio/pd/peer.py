@@ -3,6 +3,7 @@ event queue the control plane polls, and the narrow control face it is handed.""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import logging
@@ -35,9 +36,10 @@ def new_instance() -> int:
     return random.SystemRandom().getrandbits(63)
 
 
-class PeerLoop:
+class PeerLoop(abc.ABC):
     """The peer's event loop, run by its own thread. The control plane and the forward
-    thread only queue calls onto it; what it learns comes back through ``poll``."""
+    thread only queue calls onto it; what it learns comes back through ``poll``. A
+    subclass is one side: how it registers and cancels a request's room."""
 
     role = ""
 
@@ -91,11 +93,13 @@ class PeerLoop:
     def cancel(self, rid: str) -> None:
         self.call(self._cancel, rid)
 
+    @abc.abstractmethod
     def _register(self, rid: str, bootstrap: Bootstrap) -> None:
-        raise NotImplementedError
+        """On the peer's loop: track a request's room."""
 
+    @abc.abstractmethod
     def _cancel(self, rid: str) -> None:
-        raise NotImplementedError
+        """On the peer's loop: stop a request's room, retiring it once safe."""
 
     # -- shutdown ---------------------------------------------------------------------
     async def _aclose(self) -> None:

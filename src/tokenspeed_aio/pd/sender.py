@@ -305,13 +305,14 @@ class PrefillPeer(PeerLoop):
     def _on_cancel(self, conn: _Conn, room: int) -> None:
         send = self._rooms.get(room)
         self._tombstones[room] = time.monotonic() + 2 * self.timeout
-        if send is None or send.cancelled:
-            conn.send(CancelAck(room))  # unknown, or already stopping: nothing writes
+        if send is None:
+            conn.send(CancelAck(room))  # unknown, or retired already: nothing writes
             return
         send.conn = send.conn or conn
-        send.peer_cancelled = True
-        self._fail(send, 503, "the decode engine cancelled the transfer")
-        self._stop(send)
+        send.peer_cancelled = True  # its CancelAck goes out once its job returned
+        if not send.cancelled:
+            self._fail(send, 503, "the decode engine cancelled the transfer")
+            self._stop(send)
 
     def _lost(self, conn: _Conn) -> None:
         """A decode rank is gone: its rooms fail and retire once their jobs returned, so

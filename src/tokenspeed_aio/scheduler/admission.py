@@ -53,7 +53,9 @@ class AdmissionMixin:
         validated the request itself)."""
         if req.rid in self.requests or req.rid in seen:
             return f"request id {req.rid!r} is already in use"
-        need = self._blocks_for(req.prompt_len)
+        # a decode engine's landing pages also hold the first decode's position
+        landing = req.room is not None and self.role == "decode"
+        need = self._blocks_for(req.prompt_len + landing)
         if need > self.pool.num_usable:
             return (
                 f"the prompt needs {need} KV blocks but the cache has only {self.pool.num_usable}"
