@@ -18,14 +18,14 @@ falls on both alike)::
 H200, prefill and decode sharing the one GPU (each a fixed half of the KV memory), in
 one device call (< 6 minutes)::
 
-    # on this machine, once: the wheels and the .deb the GPU machine needs (cp312)
-    pip download --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64 \\
-        --only-binary=:all: -d wheels mooncake-transfer-engine-cuda13 sglang-router \\
-        setproctitle orjson
+    # on this machine, once: the wheels (cp312, with their dependencies) and the .debs
+    pip download -d wheels --python-version 3.12 --only-binary=:all: \\
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \\
+        --platform manylinux_2_17_x86_64 mooncake-transfer-engine-cuda13 sglang-router
     (cd wheels && apt-get download libibverbs1 ibverbs-providers libnl-3-200 \\
         libnl-route-3-200)
     # in the device call
-    pip install --no-deps wheels/*.whl
+    pip install --no-index --find-links wheels mooncake-transfer-engine-cuda13 sglang-router
     for deb in wheels/*.deb; do dpkg -x "$deb" /tmp/ibverbs; done
     export LD_LIBRARY_PATH=/tmp/ibverbs/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
     python bench/pd_gateway.py --device cuda --shape llama-8b --concurrency 64 \\

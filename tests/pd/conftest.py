@@ -1,7 +1,9 @@
 """One disaggregated deployment for the whole PD suite (engines start once, in
 parallel): prefill engines P1, P2, decode engines D1, D2, an aggregated engine A, and
 the SGLang Model Gateway in front of them -- its Rust gateway for 1P1D, 2P1D and 1P2D,
-its mini-lb for 1P1D, and regular mode with the cache-aware policy for A."""
+its mini-lb for 1P1D, and regular mode with the cache-aware policy for A. The fault
+tests' engines start with them: P-slow (every write waits WRITE_DELAY first) and
+D-dies (killed by a test)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.reference import checkpoint_path
 
-from pd.harness import Proc, start_engine, start_gateway, wait_engine
+from pd.harness import WRITE_DELAY, Proc, start_engine, start_gateway, wait_engine
 
 MISSING = [m for m in ("mooncake", "sglang_router") if importlib.util.find_spec(m) is None]
 
@@ -52,7 +54,12 @@ def pd_logs(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def deployment(pd_checkpoint, pd_logs):
     roles = {"P1": "prefill", "P2": "prefill", "D1": "decode", "D2": "decode", "A": "plain"}
-    engines = {n: start_engine(pd_checkpoint, pd_logs, n, role=r) for n, r in roles.items()}
+    roles |= {"P-slow": "prefill", "D-dies": "decode"}
+    slow = {"P-slow": {"TOKENSPEED_PD_WRITE_DELAY": str(WRITE_DELAY)}}
+    engines = {
+        n: start_engine(pd_checkpoint, pd_logs, n, role=r, env=slow.get(n))
+        for n, r in roles.items()
+    }
     gateways: dict[str, Proc] = {}
     try:
         for engine in engines.values():

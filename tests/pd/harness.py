@@ -17,6 +17,7 @@ ENGINE_FLAGS = dict(
     max_model_len=512, page_size=4, num_kv_blocks=512, max_num_seqs=32, kv_cache_memory_gb=0.5
 )
 BOOTSTRAP_TIMEOUT = 20  # seconds: every PD engine's --disaggregation-bootstrap-timeout
+WRITE_DELAY = 3.0  # seconds every write of the slow prefill engine (P-slow) waits first
 
 
 def start_engine(checkpoint: Path, log_dir: Path, name: str, **kw) -> Proc:

@@ -19,15 +19,12 @@ import pytest
 from pd.harness import (
     BOOTSTRAP_TIMEOUT,
     MODEL,
+    WRITE_DELAY,
     scrape,
-    start_engine,
     start_gateway,
     wait_clean,
-    wait_engine,
 )
 from pd.workload import GREEDY, PROMPTS, completion
-
-WRITE_DELAY = 3.0  # seconds every write of the slow prefill engine waits first
 
 # The deployment's engines start once, inside the first test's setup.
 pytestmark = pytest.mark.timeout(900)
@@ -35,24 +32,14 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def slow_prefill(deployment):
-    """A prefill engine whose writes start WRITE_DELAY late (so transfers are in flight
-    long enough to cancel or kill), with a gateway pairing it with D1."""
-    engine = start_engine(
-        deployment.checkpoint,
-        deployment.logs,
-        "P-slow",
-        role="prefill",
-        env={"TOKENSPEED_PD_WRITE_DELAY": str(WRITE_DELAY)},
+    """P-slow, whose writes start WRITE_DELAY late (so transfers are in flight long
+    enough to cancel or kill), with a gateway pairing it with D1."""
+    engine = deployment.engines["P-slow"]
+    gateway = start_gateway(
+        deployment.logs, "gw-slow", prefill=[engine], decode=[deployment.engines["D1"]]
     )
-    try:
-        wait_engine(engine)
-        gateway = start_gateway(
-            deployment.logs, "gw-slow", prefill=[engine], decode=[deployment.engines["D1"]]
-        )
-        yield engine, gateway
-        gateway.stop()
-    finally:
-        engine.stop()
+    yield engine, gateway
+    gateway.stop()
 
 
 def in_flight(engine) -> float:
@@ -160,15 +147,14 @@ def _kill_tree(engine) -> list[psutil.Process]:
 
 
 def test_a_dead_decode_engine_releases_the_prefill_sources(deployment, slow_prefill):
-    prefill, _ = slow_prefill
-    decode = start_engine(deployment.checkpoint, deployment.logs, "D-dies", role="decode")
+    prefill, decode = slow_prefill[0], deployment.engines["D-dies"]
+    gateway = start_gateway(deployment.logs, "gw-dies", prefill=[prefill], decode=[decode])
     try:
-        wait_engine(decode)
-        gateway = start_gateway(deployment.logs, "gw-dies", prefill=[prefill], decode=[decode])
 
         async def run() -> None:
             body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 8, **GREEDY}
-            async with httpx.AsyncClient(timeout=60) as client:
+            # (the gateway retries a failed pair for a while: the client does not wait)
+            async with httpx.AsyncClient(timeout=WRITE_DELAY + 5) as client:
                 task = asyncio.create_task(client.post(f"{gateway.url}/v1/completions", json=body))
                 await asyncio.to_thread(wait_in_flight, prefill)  # its source pages are held
                 procs = _kill_tree(decode)
@@ -180,9 +166,8 @@ def test_a_dead_decode_engine_releases_the_prefill_sources(deployment, slow_pref
         asyncio.run(run())
         # its connection is gone and the executing write returned: the sources are freed
         wait_clean([prefill], timeout=WRITE_DELAY + 20)
-        gateway.stop()
     finally:
-        decode.stop()
+        gateway.stop()
 
 
 def test_sigkill_of_the_prefill_engine_fails_its_transfers_and_decode_serves_on(

@@ -208,6 +208,9 @@ class PrefillPeer(PeerLoop):
             )
             if self._write_delay:
                 time.sleep(self._write_delay)
+                if send.cancelled:  # cancelled while it waited: it never starts
+                    self.call(self._written, send, None, 0, 0.0)
+                    continue
             start = time.perf_counter()
             try:
                 rc = self.engine.write(send.conn.hello.session, sources, targets, lengths)
