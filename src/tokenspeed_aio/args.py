@@ -17,6 +17,7 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
+DISAGGREGATION_MODES = ("plain", "prefill", "decode")
 
 
 @dataclass
@@ -61,6 +62,13 @@ class EngineArgs:
     enable_trace: bool = False  # OpenTelemetry spans per request
     trace_provider: str | None = None  # a registered provider of (trace id, parent span)
     otlp_traces_endpoint: str | None = None  # export spans over OTLP (else: the log)
+    # Prefill/decode disaggregation (docs/disaggregation.md): the engine's role, where a
+    # prefill engine's bootstrap server listens, how long a room may wait for its peer,
+    # and the address other engines reach this one's transfer endpoints at.
+    disaggregation_mode: str = "plain"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_bootstrap_timeout: float = 300.0
+    disaggregation_host: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -130,6 +138,23 @@ class EngineArgs:
             )
         check(self.kv_events_queue_size >= 1, "kv_events_queue_size", "must be >= 1")
         check(self.log_batch_interval >= 0, "log_batch_interval", "must be >= 0")
+        check(
+            self.disaggregation_mode in DISAGGREGATION_MODES,
+            "disaggregation_mode",
+            f"must be one of {', '.join(DISAGGREGATION_MODES)}",
+        )
+        check(
+            0 < self.disaggregation_bootstrap_port < 65536,
+            "disaggregation_bootstrap_port",
+            "must be a TCP port",
+        )
+        check(
+            self.disaggregation_bootstrap_timeout > 0,
+            "disaggregation_bootstrap_timeout",
+            "must be > 0",
+        )
+        if self.disaggregation_mode != "plain":
+            check(self.dp == 1, "dp", "prefill/decode disaggregation runs one replica (dp=1)")
 
     @property
     def world_size(self) -> int:
@@ -194,6 +219,14 @@ ENGINE_HELP = {
     "ids to (trace id, parent span id); implies --enable-trace",
     "otlp_traces_endpoint": "export the spans over OTLP to this endpoint (needs "
     "opentelemetry-exporter-otlp); implies --enable-trace",
+    "disaggregation_mode": "plain (default), or prefill / decode: one side of a disaggregated "
+    "deployment behind the SGLang Model Gateway",
+    "disaggregation_bootstrap_port": "prefill: the port of the bootstrap server the decode "
+    "engines look transfers up at",
+    "disaggregation_bootstrap_timeout": "seconds a transfer room may wait for its peer (an "
+    "unclaimed room, a decode waiting for its KV) before it fails",
+    "disaggregation_host": "the address other engines reach this engine's transfer endpoints "
+    "at (default: this machine's address)",
 }
 
 

@@ -24,7 +24,7 @@ from tokenspeed_aio.errors import EngineDeadError
 from tokenspeed_aio.model_source import resolve_model_path
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
-from tokenspeed_aio.wire.messages import InboundMessage, OutputBatch, StopEngine
+from tokenspeed_aio.wire.messages import Bootstrap, InboundMessage, OutputBatch, StopEngine
 
 if TYPE_CHECKING:
     from tokenspeed_aio.engine.launcher import ShutdownLatch
@@ -68,6 +68,7 @@ class _LocalRank:
         self.max_model_len = rank.specs.max_model_len
         self.vocab_size = rank.specs.vocab_size
         self.eos_token_ids = rank.specs.eos_token_ids
+        self.role = rank.specs.role
 
     async def stopped(self) -> str:
         await asyncio.wait({self.task})
@@ -98,6 +99,7 @@ class _RemoteRanks:
         self.max_model_len = processes.max_model_len
         self.vocab_size = processes.registrations[0].vocab_size
         self.eos_token_ids = processes.registrations[0].eos_token_ids
+        self.role = processes.registrations[0].role
         self._watch: asyncio.Task | None = None
 
     def supervise(self, frontend: Frontend) -> None:
@@ -192,6 +194,7 @@ class AsyncEngine(EngineControl):
             num_replicas=args.dp,
             weight_version=args.weight_version,
             tracer=tracer,
+            role=backend.role,
         )
         if isinstance(backend, _RemoteRanks):
             backend.supervise(frontend)  # in-process, the task's end reaches it by the wire
@@ -214,10 +217,19 @@ class AsyncEngine(EngineControl):
         *,
         prompt_token_ids: list[int] | None = None,
         rid: str | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs. Cancelling the consumer aborts the request."""
+        """Stream a request's outputs. Cancelling the consumer aborts the request.
+
+        ``bootstrap``: on a prefill or decode engine, the request's half of a
+        disaggregated request (the prefill engine's bootstrap server and the room the
+        gateway named for it)."""
         return self.frontend.generate(
-            prompt, sampling_params, prompt_token_ids=prompt_token_ids, rid=rid
+            prompt,
+            sampling_params,
+            prompt_token_ids=prompt_token_ids,
+            rid=rid,
+            bootstrap=bootstrap,
         )
 
     def abort(self, rid: str) -> None:

@@ -12,7 +12,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from tokenspeed_aio.api.control_calls import ControlCalls, ControlResult
@@ -31,10 +31,12 @@ from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.control import ControlOp
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
+    Bootstrap,
     GenerateRequest,
     InboundMessage,
     Load,
     OutputBatch,
+    TransferRecord,
     Wake,
 )
 
@@ -66,8 +68,10 @@ class Frontend:
         num_replicas: int = 1,
         weight_version: str = "default",
         tracer: RequestTracer | None = None,
+        role: str = "plain",
     ) -> None:
         self.tokenizer = tokenizer
+        self.role = role  # plain, or a prefill / decode engine of a PD deployment
         self.connection = connection
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size  # the model's
@@ -81,6 +85,8 @@ class Frontend:
         # one now would hand the new stream the old request's tokens and its abort.
         self.draining: set[str] = set()
         self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
+        # Where the PD transfers the engine reports ended go (the server's metrics).
+        self.on_transfers: Callable[[list[TransferRecord]], None] | None = None
         self.dead: EngineError | None = None
         self.calls = ControlCalls(num_replicas, weight_version)
         self.tracer = tracer
@@ -95,11 +101,12 @@ class Frontend:
         *,
         prompt_token_ids: list[int] | None = None,
         rid: str | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> AsyncIterator[RequestOutput]:
         params = sampling_params or SamplingParams()
         ids = await self._prompt_ids(prompt, prompt_token_ids)
-        self.validate(ids, params)
-        stream = self.submit(rid or uuid.uuid4().hex, ids, params)
+        self.validate(ids, params, bootstrap)
+        stream = self.submit(rid or uuid.uuid4().hex, ids, params, bootstrap)
         try:
             while True:
                 item = (
@@ -126,9 +133,13 @@ class Frontend:
             return await self.tokenizer.encode_async(prompt)
         return self.tokenizer.encode(prompt)
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(
+        self, ids: list[int], params: SamplingParams, bootstrap: Bootstrap | None = None
+    ) -> None:
         """Every client-facing check of a request (HTTP 400), made once, here: the rank
         checks only what it alone knows (a rid it still holds, its KV capacity)."""
+        if bootstrap is not None:
+            self._validate_bootstrap(params, bootstrap)
         if params.n != 1:
             raise InvalidRequestError(
                 "n: one generate() call is one sequence; call it n times (the HTTP API fans "
@@ -165,7 +176,38 @@ class Frontend:
                     param="stop_token_ids",
                 )
 
-    def submit(self, rid: str, ids: list[int], params: SamplingParams) -> RequestStream:
+    def _validate_bootstrap(self, params: SamplingParams, bootstrap: Bootstrap) -> None:
+        if self.role == "plain":
+            raise InvalidRequestError(
+                "bootstrap_room: this engine serves requests whole (--disaggregation-mode "
+                "plain); send disaggregated requests to prefill and decode engines",
+                param="bootstrap_room",
+            )
+        if not 0 <= bootstrap.room < 2**63:
+            raise InvalidRequestError(
+                f"bootstrap_room: must be in [0, 2**63), got {bootstrap.room}",
+                param="bootstrap_room",
+            )
+        if not 0 < bootstrap.port < 65536 or not bootstrap.host:
+            raise InvalidRequestError(
+                f"bootstrap_host/bootstrap_port: {bootstrap.host!r}:{bootstrap.port} is not "
+                "an address",
+                param="bootstrap_port",
+            )
+        if self.role == "decode" and params.prompt_logprobs is not None:
+            raise InvalidRequestError(
+                "prompt_logprobs: a disaggregated decode engine does not compute the prompt "
+                "(its prefill engine does); ask without echo/prompt logprobs",
+                param="prompt_logprobs",
+            )
+
+    def submit(
+        self,
+        rid: str,
+        ids: list[int],
+        params: SamplingParams,
+        bootstrap: Bootstrap | None = None,
+    ) -> RequestStream:
         if self.dead is not None:
             raise self.dead
         if rid in self.streams:
@@ -179,7 +221,7 @@ class Frontend:
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         replica = self.route()
         stream = self.streams[rid] = RequestStream(rid, params, detok, replica)
-        self.connection.send(GenerateRequest(rid, ids, params, seed), replica)
+        self.connection.send(GenerateRequest(rid, ids, params, seed, bootstrap), replica)
         for other in range(self.num_replicas):
             if other != replica:
                 self.connection.send(Wake(), other)
@@ -247,6 +289,8 @@ class Frontend:
             batch = await self.connection.receive()
             self.loads[batch.replica] = (batch.load, time.monotonic())
             version = self.calls.weight_versions[batch.replica]
+            if batch.transfers and self.on_transfers is not None:
+                self.on_transfers(batch.transfers)
             for out in batch.outputs:
                 if out.rid in self.draining:  # ended here; the engine's outputs are moot
                     if out.finished:

@@ -1,13 +1,15 @@
 """EventLoop.round(): the schedule of one scheduling round, top to bottom.
 
     1. receive + relay; admit in arrival order; the control gate (pause edges, held
-       admissions, memory release, the same-round gate's weight op); the grammar queue
-    2. head: client aborts -> scheduler.advance_head
+       admissions, memory release, the same-round gate's weight op); the grammar queue;
+       PD transfers register
+    2. head: client aborts (their transfers cancel) -> scheduler.advance_head
     3. plan: scheduler.next_execution_plan() (no forward in a frozen round); finish
        plan.aborts; DP agreement
-    4. dispatch one data_plane.execute(plan) when there is device work (committing the
-       queue first if the dispatch depends on a pending commit); commit from
-       the in-flight queue down to the effective depth (0 when nothing dispatched)
+    4. dispatch one data_plane.execute(plan) when there is device work -- a batch or a
+       remote stream (committing the queue first if the dispatch depends on a pending
+       commit); commit from the in-flight queue down to the effective depth (0 when
+       nothing dispatched); the replica's agreement on transfer progress
     5. tail: scheduler.advance(events); publish KV events once; send outputs + load and
        the control replies
 
@@ -32,19 +34,26 @@ from tokenspeed_aio.control.grammar import GrammarQueue
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.kv_events import KVEventPublisher
 from tokenspeed_aio.control.output import OutputProcessor
+from tokenspeed_aio.control.pd import PdTransfers
 from tokenspeed_aio.control.relay import Relay
 from tokenspeed_aio.control.round_stats import RoundStats
 from tokenspeed_aio.control.transport import HEARTBEAT_SECONDS, LoadReporter
 from tokenspeed_aio.scheduler.admission import SubmissionRejected
-from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardCommitted, RequestFinished
+from tokenspeed_aio.scheduler.plan import (
+    ExecutionPlan,
+    ForwardCommitted,
+    RequestFinished,
+    TransferEvent,
+)
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
-Event = ForwardCommitted | RequestFinished
+Event = ForwardCommitted | RequestFinished | TransferEvent
 
 GRAMMAR_POLL_SECONDS = 0.005  # an idle engine checks its compiling grammars this often
+TRANSFER_POLL_SECONDS = 0.002  # ... and its KV transfers in flight this often
 
 
 class EventLoop:
@@ -63,6 +72,7 @@ class EventLoop:
         faults: FaultInjector | None = None,
         control: Control | None = None,
         batch_log: BatchLog | None = None,
+        pd: PdTransfers | None = None,
     ) -> None:
         if in_flight_depth not in (0, 1):
             raise ValueError(f"in_flight_depth must be 0 or 1, got {in_flight_depth}")
@@ -77,6 +87,7 @@ class EventLoop:
         self.faults = faults
         self.control = control or Control(data_plane)
         self.batch_log = batch_log or BatchLog(0)
+        self.pd = pd or PdTransfers(None)
         self.local_error: str | None = None  # carried into the next exchange with peers
         self.kv_events = KVEventPublisher()
         self.load_reporter = LoadReporter(replica)
@@ -104,7 +115,9 @@ class EventLoop:
         heartbeat, or briefly while grammars compile and nothing else runs."""
         if not self.engine_idle():
             return None
-        return GRAMMAR_POLL_SECONDS if len(self.grammar) else HEARTBEAT_SECONDS
+        if len(self.grammar):
+            return GRAMMAR_POLL_SECONDS
+        return TRANSFER_POLL_SECONDS if self.pd.in_flight else HEARTBEAT_SECONDS
 
     async def run(self) -> None:
         """Run rounds until a stop request (a closed frontend reads as one); then end
@@ -139,7 +152,7 @@ class EventLoop:
         self.output.fail(self.grammar.enqueue(step.constrained))
         compiled, failed = await self.grammar.admit() if len(self.grammar) else ([], [])
         self.output.fail(failed)
-        self._submit(compiled + step.requests)
+        self.pd.register(self._submit(compiled + step.requests))
         # 2. head
         aborted = self.output.abort(adm.aborted)
         if step.abort_all:  # a pause in abort mode, or weights invalidated
@@ -147,6 +160,7 @@ class EventLoop:
         if step.flush_cache:  # a weight update's or a KV release's (agreed in the gate)
             self.scheduler.reset_prefix_cache()
         self.grammar.abort(aborted)
+        self.pd.cancel(aborted)
         self.scheduler.advance_head(aborted)
         # 3. plan
         plan = self.scheduler.next_execution_plan(allow_forward=step.allow_forward)
@@ -172,6 +186,7 @@ class EventLoop:
         depth = self.depth if plan.needs_device() else 0
         while len(self.in_flight) > depth:
             events += await self._commit_oldest()
+        events += self.output.settle(await self.pd.agree(error=self.local_error))
         # 5. tail
         self.scheduler.advance(events)
         self.kv_events.publish(self.scheduler.drain_kv_events())
@@ -189,14 +204,17 @@ class EventLoop:
         """No request in the scheduler or the grammar queue and nothing in flight."""
         return not self.in_flight and not self.scheduler.has_work() and not len(self.grammar)
 
-    def _submit(self, requests: list[Request]) -> None:
-        """One submission batch; refused whole (each request fails with its error)."""
+    def _submit(self, requests: list[Request]) -> list[Request]:
+        """One submission batch, refused whole (each request fails with its error);
+        returns what was submitted."""
         if not requests:
-            return
+            return requests
         try:
             self.scheduler.submit(requests)
         except SubmissionRejected as err:
             self.output.fail((req, str(err)) for req in requests)
+            return []
+        return requests
 
     async def _commit_oldest(self) -> list[Event]:
         plan, pending = self.in_flight.popleft()
@@ -209,7 +227,12 @@ class EventLoop:
     def _send_outputs(self) -> None:
         replies = self.control.take_replies()
         batch = self.load_reporter.batch(
-            self.output.take(), self.scheduler.load(), self.jit, replies
+            self.output.take(),
+            self.scheduler.load(),
+            self.jit,
+            replies,
+            self.pd.gauges(),
+            self.pd.take_records(),
         )
         if batch is not None:
             self.relay.send(batch)
@@ -223,6 +246,7 @@ class EventLoop:
         self.output.send(self.control.end_held())
         aborted = self.output.abort_all()
         self.grammar.abort(aborted)
+        self.pd.cancel(aborted)
         self.scheduler.advance_head(aborted)
         self.kv_events.publish(self.scheduler.drain_kv_events())
         self._send_outputs()

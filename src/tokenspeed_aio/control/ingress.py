@@ -45,8 +45,11 @@ class Admission:
 
 
 class Ingress:
-    def __init__(self, *, max_model_len: int) -> None:
+    def __init__(self, *, max_model_len: int, role: str = "plain") -> None:
         self.max_model_len = max_model_len  # caps a request's outputs (max_output)
+        # A prefill engine samples one token of a disaggregated request: the decode
+        # engine samples the rest.
+        self.sends_kv = role == "prefill"
 
     def admit(
         self,
@@ -95,11 +98,14 @@ class Ingress:
         prompt_len = len(msg.prompt_token_ids)
         room = self.max_model_len - prompt_len
         max_tokens = msg.params.max_tokens
+        if msg.bootstrap is not None and self.sends_kv:
+            max_tokens = 1
         req = Request(
             rid,
             msg.prompt_token_ids,
             msg.params,
             seed=msg.seed,
             max_output=room if max_tokens is None else min(max_tokens, room),
+            bootstrap=msg.bootstrap,
         )
         batch[rid] = req

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 
+from tokenspeed_aio.control.pd import Failed, Landed, Outcome, Retired
 from tokenspeed_aio.control.request_stats import RequestStats
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
@@ -20,6 +21,10 @@ from tokenspeed_aio.scheduler.plan import (
     PlannedAbort,
     RequestFinished,
     TokenLogprobs,
+    TransferEvent,
+    TransferFailed,
+    TransferLanded,
+    TransferRetired,
 )
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.wire.messages import TokenOutput
@@ -40,6 +45,7 @@ def refusal(rid: str, status: int, message: str | None, reason: str = "error") -
 class OutputState:
     __slots__ = (
         "first_at",
+        "held",
         "max_output",
         "min_tokens",
         "num_output",
@@ -50,8 +56,11 @@ class OutputState:
         "wants_logprobs",
     )
 
-    def __init__(self, req: Request, eos_token_ids: frozenset[int]) -> None:
+    def __init__(self, req: Request, eos_token_ids: frozenset[int], sends_kv: bool) -> None:
         self.req = req  # read-only here: prompt length, params, cached tokens
+        # A prefill engine's half of a disaggregated request: its first token does not end
+        # it, its transfer does (the reason the token would have given waits here).
+        self.held: str | None = "length" if sends_kv and req.bootstrap is not None else None
         self.num_output = 0
         self.sent_first = False
         self.first_at: float | None = None  # when its first output was committed
@@ -71,10 +80,15 @@ class OutputState:
 
 class OutputProcessor:
     def __init__(
-        self, *, eos_token_ids: Iterable[int], request_stats: RequestStats | None = None
+        self,
+        *,
+        eos_token_ids: Iterable[int],
+        request_stats: RequestStats | None = None,
+        sends_kv: bool = False,
     ) -> None:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.request_stats = request_stats if request_stats and request_stats.enabled else None
+        self.sends_kv = sends_kv  # a prefill engine: disaggregated requests end at their send
         self._states: dict[str, OutputState] = {}
         self._pending: dict[str, TokenOutput] = {}  # this round's outputs, one per request
 
@@ -83,7 +97,7 @@ class OutputProcessor:
 
     def register(self, requests: Sequence[Request]) -> None:
         for req in requests:
-            self._states[req.rid] = OutputState(req, self.eos_token_ids)
+            self._states[req.rid] = OutputState(req, self.eos_token_ids, self.sends_kv)
 
     def send(self, outputs: Iterable[TokenOutput]) -> None:
         """Queue final outputs decided elsewhere (refusals of requests never owned)."""
@@ -149,24 +163,69 @@ class OutputProcessor:
                 out.logprobs.append(lp)
             state.num_output = num_output = state.num_output + 1
             matcher = row.grammar  # the request's matcher, on its sampling rows
-            if matcher is not None:  # the commit advances the grammar (Principle 4)
-                if not matcher.accept_token(token):
-                    message = f"the grammar rejected token {token}"
-                    self._end(rid, "error", status=500, message=message)
-                    finished.append(RequestFinished(rid))
-                    continue
-                if matcher.is_terminated():
-                    stop_reason = token if token in state.stop_ids else None
-                    self._end(rid, "stop", stop_reason=stop_reason)
-                    finished.append(RequestFinished(rid))
-                    continue
-            if token in state.stop_ids and num_output >= state.min_tokens:
-                self._end(rid, "stop", stop_reason=token)
+            ending = matcher is not None or token in state.stop_ids
+            if (ending or num_output >= state.max_output) and self._ends(
+                rid, state, token, matcher
+            ):
                 finished.append(RequestFinished(rid))
-            elif num_output >= state.max_output:
-                self._end(rid, "length")
-                finished.append(RequestFinished(rid))
-        return [ForwardCommitted(plan.plan_id, accepted), *finished]
+        return [ForwardCommitted(plan.plan_id, accepted, result.logprobs), *finished]
+
+    def _ends(self, rid: str, state: OutputState, token: int, matcher) -> bool:
+        """Whether the token just committed ends the request (its grammar, a stop token,
+        the length); ends it if so."""
+        num_output = state.num_output
+        if matcher is not None:  # the commit advances the grammar (Principle 4)
+            if not matcher.accept_token(token):
+                self._end(rid, "error", status=500, message=f"the grammar rejected token {token}")
+                return True
+            if matcher.is_terminated():
+                self._end(rid, "stop", stop_reason=token if token in state.stop_ids else None)
+                return True
+        reason = None
+        if token in state.stop_ids and num_output >= state.min_tokens:
+            reason = "stop"
+        elif num_output >= state.max_output:
+            reason = "length"
+        if reason is None:
+            return False
+        if state.held is not None:  # a prefill engine's half ends when its send does
+            state.held = reason
+            return False
+        self._end(rid, reason, stop_reason=token if reason == "stop" else None)
+        return True
+
+    def settle(self, outcomes: list[Outcome]) -> list[TransferEvent | RequestFinished]:
+        """The replica's agreed transfer progress toward the clients: a decode engine's
+        bootstrap token is its request's first output (its arrival is the request's
+        first token), a failure ends the request with its error, a prefill engine's
+        completed send ends its half. Returns the scheduler's events."""
+        events: list[TransferEvent | RequestFinished] = []
+        for out in outcomes:
+            state = self._states.get(out.rid)
+            if isinstance(out, Landed):
+                events.append(TransferLanded(out.rid, out.token))
+                if state is None or self._land(out.rid, state, out.token, out.logprobs):
+                    events.append(RequestFinished(out.rid))  # ended meanwhile, or by it
+            elif isinstance(out, Failed):
+                if state is not None:
+                    self._end(out.rid, "error", status=out.status, message=out.message)
+                events.append(TransferFailed(out.rid))
+            elif isinstance(out, Retired):
+                if state is not None:
+                    if out.ok:
+                        self._end(out.rid, state.held or "length")
+                    else:
+                        self._end(out.rid, "abort")
+                events.append(TransferRetired(out.rid))
+        return events
+
+    def _land(self, rid: str, state: OutputState, token: int, lp: TokenLogprobs | None) -> bool:
+        out = self._output(rid, state)
+        out.token_ids.append(token)
+        if lp is not None and state.wants_logprobs:
+            out.logprobs = [*(out.logprobs or []), lp]
+        state.num_output += 1
+        return self._ends(rid, state, token, state.req.grammar)
 
     def _output(self, rid: str, state: OutputState) -> TokenOutput:
         """The request's output of this round, started on first use."""

@@ -19,6 +19,7 @@ from tokenspeed_aio.wire.messages import (
     Load,
     OutputBatch,
     TokenOutput,
+    TransferRecord,
 )
 
 HEARTBEAT_SECONDS = 1.0
@@ -51,19 +52,31 @@ class LoadReporter:
         load: Load,
         jit: tuple[int, float] = (0, 0.0),
         replies: list[ControlReply] | None = None,
+        pd: tuple[int, int, int] = (0, 0, 0),
+        transfers: list[TransferRecord] | None = None,
     ) -> OutputBatch | None:
-        load = msgspec.structs.replace(load, jit_compiles=jit[0], jit_compile_seconds=jit[1])
+        """``pd``: transfers in flight, unclaimed rooms, quarantined pages; ``transfers``:
+        the PD transfers that ended this round (sent even when nothing else changed)."""
+        load = msgspec.structs.replace(
+            load,
+            jit_compiles=jit[0],
+            jit_compile_seconds=jit[1],
+            pd_in_flight=pd[0],
+            pd_unclaimed_rooms=pd[1],
+            pd_quarantined_pages=pd[2],
+        )
         now = time.monotonic()
         if (
             not outputs
             and not replies
+            and not transfers
             and load == self._last
             and now - self._last_sent < HEARTBEAT_SECONDS
         ):
             return None
         self._last = load
         self._last_sent = now
-        return OutputBatch(outputs, load, self.replica, replies or [])
+        return OutputBatch(outputs, load, self.replica, replies or [], transfers or [])
 
 
 class LocalTransport:

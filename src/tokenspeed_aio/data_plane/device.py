@@ -17,7 +17,7 @@ import torch
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
 from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
-from tokenspeed_aio.data_plane.landing import LaunchedForward
+from tokenspeed_aio.data_plane.landing import LaunchedForward, no_forward
 from tokenspeed_aio.data_plane.memory_profile import activation_peak_bytes
 from tokenspeed_aio.data_plane.memory_saver import MemorySaver
 from tokenspeed_aio.data_plane.profiler import ForwardProfiler
@@ -32,6 +32,8 @@ from tokenspeed_aio.model.kv_cache import kv_cache_bytes_per_block, local_num_kv
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
 from tokenspeed_aio.model.parallel import init_tensor_parallel
 from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
+from tokenspeed_aio.pd.factory import build_transfer_peer
+from tokenspeed_aio.pd.peer import PeerControl, PeerLoop
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 from tokenspeed_aio.wire.control import InitWeightsGroup, StartProfile
 
@@ -49,12 +51,14 @@ class DeviceHandle:
         memory: MemorySaver,
         weights: WeightUpdater,
         profiler: ForwardProfiler,
+        transfer: PeerLoop | None = None,
     ) -> None:
         self._runner = runner
         self._device = device
         self._memory = memory
         self._weights = weights
         self._profiler = profiler
+        self._transfer = transfer  # the PD transfer peer, the plans' second executor
 
     def enter_serving(self) -> None:
         """Startup is over: arm the sync-debug mode, then close the JIT window."""
@@ -62,9 +66,30 @@ class DeviceHandle:
         compile_monitor().mark_serving()
 
     def execute(self, plan: ExecutionPlan) -> LaunchedForward:
-        launched = self._runner.execute(plan)
-        self._profiler.step()
+        """The plan's batch to the model, then its remote streams to the transfer peer:
+        landing pages are advertised only behind a fence on every forward queued before
+        them (the prefill ranks' writes are not ordered with the device); a finished
+        prompt's KV is complete already (its result landed before it was planned)."""
+        if plan.rows:
+            launched = self._runner.execute(plan)
+            self._profiler.step()
+        else:
+            stats = compile_monitor().stats
+            launched = no_forward(plan, (stats.serving_compiles, stats.serving_compile_seconds))
+        if plan.remote_prefill:
+            self._transfer.stage(plan.remote_prefill, self._fence())
+        if plan.remote_decode:
+            self._transfer.stage(plan.remote_decode, None)
         return launched
+
+    def _fence(self):
+        """A wait for everything queued on the device so far (None on CPU, where the
+        forward thread ran it all already)."""
+        if self._device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event.synchronize
 
     def idle_forward(self) -> None:
         self._runner.idle_forward()
@@ -106,6 +131,9 @@ class DeviceHandle:
     def shutdown(self) -> None:
         self._memory.close()
         compile_monitor().end_serving()
+        if self._transfer is not None:
+            self._transfer.close()
+            self._transfer = None
         self._runner = None
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -119,6 +147,9 @@ class DeviceHandle:
 class DeviceBuild:
     specs: DeviceSpecs
     handle: DeviceHandle
+    # The PD transfer peer's control face (registration, cancel, the poll); None for a
+    # plain engine.
+    transfer: PeerControl | None = None
 
 
 def resolve_device(name: str, local_index: int) -> torch.device:
@@ -245,6 +276,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     k_caches, v_caches = memory.allocate_kv_cache(
         config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype
     )
+    transfer = build_transfer_peer(args, rank.tp_rank, rank.tp_size, k_caches, v_caches)
     runner = ModelRunner(
         model=model,
         vocab_size=config.vocab_size,
@@ -289,6 +321,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         dtype=str(dtype).removeprefix("torch."),
         attention_backend=backend_name,
         kv_bytes_per_block=per_block,
+        role=args.disaggregation_mode,
     )
     engine_rank = rank.dp_rank * rank.tp_size + rank.tp_rank
     weights = WeightUpdater(model, config, device, engine_rank=engine_rank, tp_rank=rank.tp_rank)
@@ -298,5 +331,10 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         memory=memory,
         weights=weights,
         profiler=ForwardProfiler(device, engine_rank),
+        transfer=transfer,
     )
-    return DeviceBuild(specs=specs, handle=handle)
+    return DeviceBuild(
+        specs=specs,
+        handle=handle,
+        transfer=None if transfer is None else PeerControl(transfer),
+    )

@@ -89,9 +89,10 @@ class ForwardThreadDataPlane:
         self._landing_thread.start()
 
     # -- control-plane side ---------------------------------------------------
-    async def build(self, args: EngineArgs, rank: RankInfo) -> DeviceSpecs:
+    async def build(self, args: EngineArgs, rank: RankInfo) -> tuple[DeviceSpecs, Any]:
         """Build the device side on the forward thread (every device object is created
-        and owned there); only the plain DeviceSpecs come back."""
+        and owned there); the plain DeviceSpecs come back, and the PD transfer peer's
+        control face (None for a plain engine)."""
         fut = self._loop.create_future()
         self._ops.put((self._build, (args, rank), fut))
         return await fut
@@ -179,7 +180,8 @@ class ForwardThreadDataPlane:
 
         device_build = build_device_side(*args)
         self._handle = device_build.handle
-        self._loop.call_soon_threadsafe(_resolve, fut, device_build.specs)
+        result = (device_build.specs, device_build.transfer)
+        self._loop.call_soon_threadsafe(_resolve, fut, result)
 
     def _named(self, call: tuple[str, tuple], fut: asyncio.Future) -> None:
         operation, args = call

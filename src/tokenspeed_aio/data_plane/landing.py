@@ -79,6 +79,11 @@ class LaunchedForward:
         return result
 
 
+def no_forward(plan: ExecutionPlan, jit: tuple[int, float]) -> LaunchedForward:
+    """The result of a plan with remote streams and no batch: nothing ran, nothing lands."""
+    return LaunchedForward(plan, Landing(tokens=torch.empty(0, dtype=torch.int64)), (), None, jit)
+
+
 def token_logprobs(
     logprobs: torch.Tensor, top_ids: torch.Tensor | None, top_logprobs: torch.Tensor | None
 ) -> list[TokenLogprobs]:

@@ -17,6 +17,9 @@ class DeviceSpecs:
     dtype: str
     attention_backend: str
     kv_bytes_per_block: int
+    # The rank's role (DeviceRole): "plain", or one side of prefill/decode disaggregation.
+    # A value, not a class: only the transfer peer and a request's room depend on it.
+    role: str = "plain"
 
     @property
     def max_concurrent_tokens(self) -> int:

@@ -18,6 +18,7 @@ from tokenspeed_aio.control.faults import FaultInjector
 from tokenspeed_aio.control.grammar import GrammarQueue
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.output import OutputProcessor
+from tokenspeed_aio.control.pd import PdTransfers
 from tokenspeed_aio.control.relay import Relay, ReplicaGroup
 from tokenspeed_aio.control.request_stats import RequestStats
 from tokenspeed_aio.control.transport import Transport
@@ -79,7 +80,7 @@ class EngineRank:
         rank = rank or RankInfo()
         data_plane = ForwardThreadDataPlane(asyncio.get_running_loop())
         try:
-            specs = await data_plane.build(args, rank)
+            specs, transfer = await data_plane.build(args, rank)
         except BaseException:
             await data_plane.shutdown()
             raise
@@ -91,6 +92,7 @@ class EngineRank:
                 max_num_batched_tokens=args.chunked_prefill_size,
                 max_model_len=specs.max_model_len,
                 enable_prefix_caching=args.enable_prefix_caching,
+                role=specs.role,
             )
         )
         loop = EventLoop(
@@ -100,10 +102,11 @@ class EngineRank:
             ),
             data_plane=data_plane,
             relay=Relay(transport, group, is_owner=rank.tp_rank == 0),
-            ingress=Ingress(max_model_len=specs.max_model_len),
+            ingress=Ingress(max_model_len=specs.max_model_len, role=specs.role),
             output=OutputProcessor(
                 eos_token_ids=specs.eos_token_ids,
                 request_stats=RequestStats(args.log_request_stats and rank.tp_rank == 0),
+                sends_kv=specs.role == "prefill",
             ),
             in_flight_depth=args.in_flight_depth,
             replica=rank.dp_rank,
@@ -116,6 +119,7 @@ class EngineRank:
                 weight_version=args.weight_version,
             ),
             batch_log=BatchLog(args.log_batch_interval if rank.tp_rank == 0 else 0, rank.dp_rank),
+            pd=PdTransfers(transfer, group, rank.tp_size),
         )
         logger.info(
             "rank ready: %d KV blocks of %d tokens (%d concurrent tokens), %s %s, attention %s",

@@ -123,7 +123,7 @@ async def _serve(launch: RankLaunch, report) -> None:
                 wire_version=WIRE_VERSION,
                 replica=ranks.dp_rank,
                 request_types=("generate", "abort", "control"),
-                role="plain",
+                role=specs.role,
                 model=args.served_model_name or args.model,
                 max_model_len=specs.max_model_len,
                 vocab_size=specs.vocab_size,
@@ -132,6 +132,7 @@ async def _serve(launch: RankLaunch, report) -> None:
                 page_size=specs.page_size,
                 tp=args.tp,
                 dp=args.dp,
+                bootstrap_port=args.disaggregation_bootstrap_port if specs.role == "prefill" else 0,
             )
         )
     report("ready")

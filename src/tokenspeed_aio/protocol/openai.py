@@ -51,6 +51,12 @@ class SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     regex: str | None = None
     ebnf: str | None = None
     user: str | None = None  # accepted and ignored, as OpenAI's clients send it
+    # Prefill/decode disaggregation, as the SGLang Model Gateway sends them: the prefill
+    # engine's bootstrap server and the room of each prompt (lists: one per prompt of a
+    # batch, or per choice of a chat with n > 1).
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True, omit_defaults=True):

@@ -42,6 +42,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # Prefill/decode disaggregation (the gateway's fan-out): scalars, or one per prompt.
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class AbortRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -75,6 +79,9 @@ class MetaInfo(msgspec.Struct):
     # per generated token: its top_logprobs_num alternatives as (logprob, token id, None)
     output_top_logprobs: list[list[tuple[float, int, None]]] | None = None
     weight_version: str | None = None  # the weights' version that produced this output
+    # with return_logprob: the prompt's (logprob, token id, None) -- none computed here;
+    # the gateway prepends a prefill engine's to a decode engine's
+    input_token_logprobs: list[tuple[float | None, int, None]] | None = None
 
 
 class GenerateResult(msgspec.Struct, omit_defaults=True):

@@ -31,6 +31,7 @@ class AdmissionMixin:
     running: list[Request]
     pool: BlockPool
     page_size: int
+    role: str
     _free_slots: list[int]
 
     def submit(self, batch: list[Request]) -> None:
@@ -52,7 +53,9 @@ class AdmissionMixin:
         validated the request itself)."""
         if req.rid in self.requests or req.rid in seen:
             return f"request id {req.rid!r} is already in use"
-        need = self._blocks_for(req.prompt_len)
+        # a decode engine's landing pages also hold the first decode's position
+        landing = req.room is not None and self.role == "decode"
+        need = self._blocks_for(req.prompt_len + landing)
         if need > self.pool.num_usable:
             return (
                 f"the prompt needs {need} KV blocks but the cache has only {self.pool.num_usable}"
@@ -71,6 +74,10 @@ class AdmissionMixin:
             req = self.waiting[0]
             if req.num_pending:
                 break  # retracted with tokens still in flight: re-admit once they land
+            if req.room is not None and self.role == "decode":
+                if not self._admit_remote(req, plan):
+                    break  # its landing pages fit once residents give back their blocks
+                continue
             hits: list[int] = []
             if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
                 hash_full_blocks(req, page)

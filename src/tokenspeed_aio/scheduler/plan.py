@@ -70,18 +70,47 @@ class PlannedAbort:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class RemotePrefill:
+    """Decode engine: a disaggregated request's landing pages, which the transfer peer
+    advertises to the prefill engine's ranks (the peer's executor pulls the prompt in)."""
+
+    rid: str
+    room: int
+    block_ids: tuple[int, ...]  # the pages the prompt's KV lands in, in prompt order
+    num_tokens: int  # prompt tokens whose KV lands
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteDecode:
+    """Prefill engine: a prompt whose final chunk's result landed; its KV and first token
+    go out to the decode engine (the prompt decodes over there)."""
+
+    rid: str
+    room: int
+    block_ids: tuple[int, ...]  # the source pages, in prompt order
+    num_tokens: int
+    first_token: int  # the bootstrap token: the decode's first output
+    first_logprobs: TokenLogprobs | None  # its logprobs, when the request asked
+
+
 @dataclass(slots=True)
 class ExecutionPlan:
     plan_id: int
     rows: list[ScheduledRow] = field(default_factory=list)  # decodes first, then prefills
     aborts: list[PlannedAbort] = field(default_factory=list)
+    # The transfer peer's streams, beside the batch (they occupy no row and go out on
+    # rounds with no batch too): landing pages to claim (a decode engine), finished
+    # prompts to send (a prefill engine).
+    remote_prefill: list[RemotePrefill] = field(default_factory=list)
+    remote_decode: list[RemoteDecode] = field(default_factory=list)
     num_retracted: int = 0  # requests retracted to free blocks this round (preemptions)
     # Summaries the scheduler keeps while it builds the rows (each read every round):
     num_tokens: int = 0  # sum of the rows' num_tokens
     has_grammar: bool = False  # some sampling row carries a grammar matcher
 
     def needs_device(self) -> bool:
-        return bool(self.rows)
+        return bool(self.rows or self.remote_prefill or self.remote_decode)
 
     @property
     def sample_rows(self) -> list[ScheduledRow]:
@@ -109,6 +138,9 @@ class ForwardCommitted:
     # One per sampling row, in row order: the token appended, or None where the request
     # had ended while the forward was in flight (its extra token is dropped).
     tokens: list[int | None]
+    # The forward's logprobs, aligned with tokens (None when no row asked): a prefill
+    # engine sends a prompt's first token with its logprobs.
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +148,33 @@ class RequestFinished:
     """Tail event: the output module ended this request (stop, length, abort)."""
 
     rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransferLanded:
+    """Tail event (decode engine): a request's prompt KV landed on every rank of the
+    replica, with its first token; the request decodes from here."""
+
+    rid: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFailed:
+    """Tail event: the replica agreed that a request's transfer failed or was cancelled.
+    The request is planned nothing more but keeps its pages: remote writes may still be
+    queued or executing until TransferRetired."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRetired:
+    """Tail event: every transfer job of the request retired on every rank (a prefill
+    engine's send completed, or a failed transfer's writes provably stopped): its pages
+    are free."""
+
+    rid: str
+
+
+TransferEvent = TransferLanded | TransferFailed | TransferRetired

@@ -11,11 +11,15 @@ from __future__ import annotations
 import enum
 
 from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.wire.messages import Bootstrap
 
 
 class Status(enum.Enum):
     WAITING = "waiting"  # submitted or retracted: holds no blocks, no slot
     RUNNING = "running"  # resident: holds blocks and a slot
+    # Prefill/decode disaggregation: holds its pages (and on a decode engine its slot) and
+    # is planned no forward while its KV transfer runs or retires (scheduler/transfers.py)
+    TRANSFERRING = "transferring"
     FINISHED = "finished"  # ended; held only while dispatched forwards still read it
 
 
@@ -23,6 +27,7 @@ class Request:
     __slots__ = (
         "block_hashes",
         "block_ids",
+        "bootstrap",
         "grammar",
         "max_output",
         "num_blocks_sent",
@@ -36,6 +41,7 @@ class Request:
         "prompt_len",
         "queue_seconds",
         "rid",
+        "room",
         "sampled_on_slot",
         "seed",
         "slot",
@@ -53,6 +59,7 @@ class Request:
         *,
         seed: int,
         max_output: int,
+        bootstrap: Bootstrap | None = None,
     ) -> None:
         self.rid = rid
         self.token_ids = list(prompt_token_ids)  # prompt + committed outputs
@@ -79,6 +86,12 @@ class Request:
         # advanced by the commit, read by the data plane to mask the next token.
         self.grammar = None
         self.sampled_on_slot = False  # the slot's device state holds this request's last token
+        # The KV transfer room of a disaggregated request while its transfer is tracked:
+        # a prefill engine sends its prompt's KV out, a decode engine receives it. None
+        # for a plain request, and once the transfer ended (a landed request decodes as
+        # a plain one from then on).
+        self.room = None if bootstrap is None else bootstrap.room
+        self.bootstrap = bootstrap  # where the other half runs (the transfer peer's)
 
     @property
     def num_tokens(self) -> int:

@@ -21,10 +21,14 @@ from tokenspeed_aio.scheduler.plan import (
     PlannedAbort,
     RequestFinished,
     ScheduledRow,
+    TransferEvent,
+    TransferFailed,
+    TransferLanded,
 )
 from tokenspeed_aio.scheduler.prefix_cache import publish_full_blocks
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.rows import schedule_row
+from tokenspeed_aio.scheduler.transfers import ROLES, TransferMixin
 from tokenspeed_aio.wire.messages import Load
 
 __all__ = ["Scheduler", "SchedulerConfig", "SubmissionRejected"]
@@ -38,11 +42,15 @@ class SchedulerConfig:
     max_num_batched_tokens: int  # per-round token budget (chunked_prefill_size)
     max_model_len: int
     enable_prefix_caching: bool = True
+    role: str = "plain"  # prefill / decode: one side of a disaggregated deployment
 
 
-class Scheduler(AdmissionMixin):
+class Scheduler(AdmissionMixin, TransferMixin):
     def __init__(self, config: SchedulerConfig) -> None:
+        if config.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {config.role!r}")
         self.config = config
+        self.role = config.role
         self.page_size = config.page_size
         self.pool = BlockPool(config.num_blocks, config.page_size, config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}  # every request held, finished ones included
@@ -53,17 +61,19 @@ class Scheduler(AdmissionMixin):
         self._inflight: dict[int, tuple[list[Request], list[ScheduledRow]]] = {}
         self._next_plan_id = 0
         self.num_retractions = 0  # preemptions since start (a metric)
+        self._init_transfers()
 
     def holds(self, rid: str) -> bool:
         return rid in self.requests
 
     # -- head ---------------------------------------------------------------
     def advance_head(self, aborted: Iterable[str]) -> None:
-        """Apply what must be known before planning: requests the clients aborted."""
+        """Apply what must be known before planning: requests the clients aborted (one
+        whose transfer is tracked only parks until the transfer retired)."""
         for rid in aborted:
             req = self.requests.get(rid)
             if req is not None and req.status is not Status.FINISHED:
-                self._finish(req)
+                self._end(req)
 
     # -- plan ---------------------------------------------------------------
     def next_execution_plan(self, allow_forward: bool = True) -> ExecutionPlan:
@@ -108,8 +118,12 @@ class Scheduler(AdmissionMixin):
                 prefill_reqs.append(req)
             budget -= n
             idx += 1
+        budget = self._schedule_landed(plan, prefills, prefill_reqs, budget)
         if not plan.num_retracted:
             budget = self._admit(plan, prefills, prefill_reqs, budget)
+        if self.role == "prefill":
+            self._note_handoffs(plan, prefills, prefill_reqs, len(decodes))
+        self._plan_transfers(plan)
         plan.rows = decodes + prefills
         plan.num_tokens = self.config.max_num_batched_tokens - budget
         if plan.rows:
@@ -169,18 +183,30 @@ class Scheduler(AdmissionMixin):
         self.waiting.appendleft(req)
 
     # -- tail ---------------------------------------------------------------
-    def advance(self, events: Iterable[ForwardCommitted | RequestFinished]) -> None:
-        """Apply the round's committed forwards and finished requests, in order."""
+    def advance(self, events: Iterable[ForwardCommitted | RequestFinished | TransferEvent]) -> None:
+        """Apply the round's committed forwards, finished requests and agreed transfer
+        progress, in order."""
         for event in events:
             if isinstance(event, ForwardCommitted):
                 self._committed(event)
-            else:
+            elif isinstance(event, RequestFinished):
                 req = self.requests.get(event.rid)
                 if req is not None and req.status is not Status.FINISHED:
-                    self._finish(req)
+                    self._end(req)
+            elif isinstance(event, TransferLanded):
+                self._land(event.rid, event.token)
+            elif isinstance(event, TransferFailed):
+                req = self.requests.get(event.rid)
+                if req is not None:
+                    self._park(req)
+            else:
+                self._retire(event.rid)
 
     def _committed(self, event: ForwardCommitted) -> None:
-        reqs, rows = self._inflight.pop(event.plan_id)
+        entry = self._inflight.pop(event.plan_id, None)
+        if entry is None:
+            return  # a plan of remote streams only: no row to commit
+        reqs, rows = entry
         tokens = iter(event.tokens)
         # Status members read once: an enum attribute read costs as much as the rest of
         # a request's commit.
@@ -202,6 +228,16 @@ class Scheduler(AdmissionMixin):
                     continue
             if status is finished and req.num_inflight == 0:
                 del self.requests[req.rid]
+        if self._handoffs:
+            self._hand_off(event)
+
+    def _end(self, req: Request) -> None:
+        """An abort or the output's end: a request whose transfer is still tracked parks
+        (its pages wait for the transfer to retire), any other finishes."""
+        if req.room is not None:
+            self._park(req)
+        else:
+            self._finish(req)
 
     def _finish(self, req: Request) -> None:
         """End a request in any state. Its blocks and slot are reusable at once (the
@@ -216,6 +252,13 @@ class Scheduler(AdmissionMixin):
             req.block_ids = []
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
+        elif req.status is Status.TRANSFERRING:  # its pages and slot, if any
+            self._unqueue(req)
+            self.pool.free(req.block_ids)
+            req.block_ids = []
+            if req.slot >= 0:
+                self._free_slots.append(req.slot)
+                req.slot = -1
         req.status = Status.FINISHED
         if req.num_inflight == 0:
             del self.requests[req.rid]
@@ -248,7 +291,7 @@ class Scheduler(AdmissionMixin):
 
     def has_work(self) -> bool:
         """Anything to plan: a request to run or a forward to commit."""
-        return bool(self.running or self.waiting or self._inflight)
+        return bool(self.running or self.waiting or self._inflight or self._transfers_pending())
 
     def check_idle(self) -> None:
         """Leak check: no request, slot, block or in-flight forward is held."""

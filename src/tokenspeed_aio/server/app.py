@@ -30,6 +30,7 @@ from tokenspeed_aio.server.openapi import install_openapi
 from tokenspeed_aio.server.routes_chat import chat_router
 from tokenspeed_aio.server.routes_completions import completions_router
 from tokenspeed_aio.server.routes_control import control_router
+from tokenspeed_aio.server.routes_gateway import gateway_router
 from tokenspeed_aio.server.routes_info import info_router
 from tokenspeed_aio.server.routes_sglang import sglang_router
 
@@ -60,6 +61,7 @@ def build_app(
     routers = (info_router, completions_router, chat_router, sglang_router, control_router)
     for router in routers:
         app.include_router(router(ctx))
+    app.include_router(gateway_router(ctx, engine.args))
     install_openapi(app)
     app.add_middleware(
         GuardMiddleware,

@@ -21,6 +21,7 @@ from tokenspeed_aio.errors import RequestConflictError
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
+from tokenspeed_aio.wire.messages import Bootstrap
 
 
 @dataclass(slots=True)
@@ -32,6 +33,7 @@ class Job:
     rid: str  # the engine request id
     prompt_ids: list[int]
     params: SamplingParams  # n == 1
+    bootstrap: Bootstrap | None = None  # its half of a disaggregated request (PD)
 
 
 async def tokenize(
@@ -132,7 +134,10 @@ class Fanout:
         last: RequestOutput | None = None
         reason = "abort"  # unless the engine says otherwise
         stream = self.frontend.generate(
-            prompt_token_ids=job.prompt_ids, sampling_params=job.params, rid=job.rid
+            prompt_token_ids=job.prompt_ids,
+            sampling_params=job.params,
+            rid=job.rid,
+            bootstrap=job.bootstrap,
         )
         try:
             async with contextlib.aclosing(stream):

@@ -14,6 +14,7 @@ from aioprometheus import Counter, Gauge, Histogram, Registry, render
 
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.wire.messages import TransferRecord
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
@@ -21,6 +22,8 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
                 0.75, 1.0, 2.5)  # fmt: skip
 E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                50.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0)  # fmt: skip
 NO_LABELS: dict[str, str] = {}
 
 
@@ -75,6 +78,39 @@ class ServerMetrics:
         self.jit_seconds = gauge(
             "jit_serving_compile_seconds", "Seconds those serving-time compilations took."
         )
+        # Prefill/decode disaggregation, by role: a prefill engine times each send (its
+        # writes, until every one was acknowledged), a decode engine each receive (from
+        # advertising its landing pages to the KV and first token landing).
+        self.pd_transfers = counter("pd_transfers_total", "KV transfers ended, by outcome.")
+        self.pd_bytes = counter("pd_transfer_bytes_total", "KV bytes transferred (all ranks).")
+        self.pd_seconds = histogram(
+            "pd_transfer_seconds", "Duration of completed KV transfers.", TRANSFER_BUCKETS
+        )
+        self.pd_gbps = gauge(
+            "pd_transfer_throughput_gbps", "Bytes over seconds of completed transfers (GB/s)."
+        )
+        self.pd_in_flight = gauge("pd_rooms_in_flight", "KV transfers the engine tracks.")
+        self.pd_unclaimed = gauge(
+            "pd_rooms_unclaimed", "Rooms a prefill peer holds for a request or claim to come."
+        )
+        self.pd_quarantined = gauge(
+            "pd_pages_quarantined", "Landing pages held until a lost prefill peer stops."
+        )
+        self._pd_totals: dict[str, list[float]] = {}  # role -> [bytes, seconds] of ok ones
+        frontend.on_transfers = self.transfers
+
+    def transfers(self, records: list[TransferRecord]) -> None:
+        for rec in records:
+            role = {"role": rec.role}
+            self.pd_transfers.inc({**role, "outcome": rec.outcome})
+            self.pd_bytes.add(role, rec.num_bytes)
+            if rec.outcome == "ok":
+                self.pd_seconds.observe(role, rec.seconds)
+                totals = self._pd_totals.setdefault(rec.role, [0.0, 0.0])
+                totals[0] += rec.num_bytes
+                totals[1] += rec.seconds
+                if totals[1] > 0:
+                    self.pd_gbps.set(role, totals[0] / totals[1] / 1e9)
 
     def client_error(self, status: int) -> None:
         self.rejected.inc({"status": str(status)})
@@ -93,6 +129,9 @@ class ServerMetrics:
         self.total_blocks.set(NO_LABELS, sum(x.total_blocks for x in loads))
         self.jit_compiles.set(NO_LABELS, sum(x.jit_compiles for x in loads))
         self.jit_seconds.set(NO_LABELS, sum(x.jit_compile_seconds for x in loads))
+        self.pd_in_flight.set(NO_LABELS, sum(x.pd_in_flight for x in loads))
+        self.pd_unclaimed.set(NO_LABELS, sum(x.pd_unclaimed_rooms for x in loads))
+        self.pd_quarantined.set(NO_LABELS, sum(x.pd_quarantined_pages for x in loads))
         return render(self.registry, accept)
 
 

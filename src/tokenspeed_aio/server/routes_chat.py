@@ -26,6 +26,7 @@ from tokenspeed_aio.protocol.openai import (
     ChatMessage,
 )
 from tokenspeed_aio.server.body import parse_body
+from tokenspeed_aio.server.bootstrap import assign_bootstrap
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
@@ -198,6 +199,7 @@ def chat_router(ctx: ServerContext) -> APIRouter:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, names=names)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         jobs = make_jobs(ctx.frontend, request_id, [prompt], params)
+        assign_bootstrap(ctx.frontend, jobs, req, 1)
         view = ChatView(ctx, req, request_id, prompt)
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:

@@ -18,6 +18,7 @@ from tokenspeed_aio.protocol.openai import (
     CompletionRequest,
 )
 from tokenspeed_aio.server.body import parse_body
+from tokenspeed_aio.server.bootstrap import assign_bootstrap
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
@@ -174,6 +175,7 @@ def completions_router(ctx: ServerContext) -> APIRouter:
         )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         jobs = make_jobs(ctx.frontend, request_id, prompts, params)
+        assign_bootstrap(ctx.frontend, jobs, req, len(prompts))
         view = CompletionView(ctx, req, request_id, prompts, texts)
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:

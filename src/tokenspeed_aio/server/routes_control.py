@@ -163,7 +163,7 @@ def control_router(ctx: ServerContext) -> APIRouter:
     async def get_weight_version() -> Response:
         return json_response({"weight_version": control.weight_version})
 
-    @router.get("/health_generate")
+    @router.api_route("/health_generate", methods=["GET", "POST"])
     async def health_generate() -> Response:
         try:
             latency = await control.health_generate()

@@ -23,6 +23,7 @@ from tokenspeed_aio.protocol.sglang import (
 )
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.body import json_response, parse_body
+from tokenspeed_aio.server.bootstrap import assign_bootstrap
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
@@ -143,6 +144,7 @@ def result(job: Job, out: RequestOutput, arrival: float, batch: bool) -> Generat
         output_token_logprobs=token_lps,
         output_top_logprobs=top_lps,
         weight_version=out.weight_version or None,
+        input_token_logprobs=None if token_lps is None else [],
     )
     return GenerateResult(out.text, out.token_ids, meta, job.index if batch else None)
 
@@ -156,6 +158,7 @@ def sglang_router(ctx: ServerContext) -> APIRouter:
         req = await parse_body(request, GenerateRequest)
         prompts, batch = await resolve(ctx, req)
         request_id, jobs = plan(ctx, req, prompts)
+        assign_bootstrap(ctx.frontend, jobs, req, len(prompts))
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:
 

@@ -12,15 +12,25 @@ import msgspec
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.control import ControlCall, ControlReply
 
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 
 
 # -- frontend -> engine -------------------------------------------------------
+class Bootstrap(msgspec.Struct, array_like=True, frozen=True):
+    """Where a disaggregated request's other half runs, as the gateway named it: the
+    prefill engine's bootstrap server and the room both engines know the transfer by."""
+
+    host: str
+    port: int
+    room: int
+
+
 class GenerateRequest(msgspec.Struct, tag=True, array_like=True):
     rid: str
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int  # resolved by the frontend so every rank samples alike
+    bootstrap: Bootstrap | None = None  # a prefill/decode engine's half of a PD request
 
 
 class AbortRequest(msgspec.Struct, tag=True, array_like=True):
@@ -60,6 +70,21 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
     total_blocks: int
     jit_compiles: int = 0  # JIT compilations on the forward thread since serving began
     jit_compile_seconds: float = 0.0
+    # Prefill/decode disaggregation: transfers the replica tracks, rooms its peer keeps
+    # waiting for a request or a claim, landing pages held until a peer proves it stopped.
+    pd_in_flight: int = 0
+    pd_unclaimed_rooms: int = 0
+    pd_quarantined_pages: int = 0
+
+
+class TransferRecord(msgspec.Struct, array_like=True, frozen=True):
+    """One KV transfer that ended, for the metrics: the side that reports it, how it ended
+    (ok | failed | cancelled), the bytes every rank moved and the seconds it took."""
+
+    role: str
+    outcome: str
+    num_bytes: int
+    seconds: float
 
 
 class TokenOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -84,6 +109,7 @@ class OutputBatch(msgspec.Struct, tag=True, array_like=True):
     load: Load
     replica: int = 0  # which attention-DP replica sent it
     replies: list[ControlReply] = msgspec.field(default_factory=list)  # control calls answered
+    transfers: list[TransferRecord] = []  # PD transfers that ended since the last batch
 
 
 OutboundMessage = OutputBatch
@@ -97,7 +123,7 @@ class EngineRegistration(msgspec.Struct, tag=True, frozen=True):
     wire_version: int
     replica: int  # attention-DP replica index
     request_types: tuple[str, ...]  # message kinds it takes ("generate", "abort", "control")
-    role: str  # "plain" (PD roles later)
+    role: str  # "plain", "prefill" or "decode"
     model: str
     max_model_len: int
     vocab_size: int
@@ -106,6 +132,7 @@ class EngineRegistration(msgspec.Struct, tag=True, frozen=True):
     page_size: int
     tp: int
     dp: int
+    bootstrap_port: int = 0  # a prefill engine's bootstrap server (0: none)
 
 
 class RegistrationReply(msgspec.Struct, tag=True, frozen=True):
