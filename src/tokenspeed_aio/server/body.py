@@ -25,6 +25,7 @@ THREAD_DECODE_BYTES = 256 * 1024  # larger bodies are decoded off the event loop
 # msgspec's messages end with " - at `$.path`" when the error is inside the document.
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
 _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 
 
 async def parse_body(request: Request, kind: type[T]) -> T:
@@ -49,9 +50,13 @@ def validation_error(message: str) -> ApiError:
     match = _AT.match(message)
     what, path = (match["what"], match["path"] or "") if match else (message, "")
     missing = _MISSING.match(what)
+    unknown = _UNKNOWN.match(what)
     if missing:
         path = f"{path}.{missing['field']}" if path else missing["field"]
         what = "this field is required"
+    elif unknown:
+        path = f"{path}.{unknown['field']}" if path else unknown["field"]
+        what = "this field is not supported by this server (docs/api.md lists the fields)"
     else:
         what = what.replace("`", "")
         what = what[:1].lower() + what[1:]
