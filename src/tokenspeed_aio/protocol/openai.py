@@ -193,7 +193,7 @@ class ChatLogprobs(msgspec.Struct):
     content: list[ChatTokenLogprob] | None = None
 
 
-class AssistantMessage(msgspec.Struct, omit_defaults=True):
+class AssistantMessage(msgspec.Struct):
     content: str | None
     role: str = "assistant"
     tool_calls: list[ToolCall] = []

@@ -2,8 +2,8 @@
 (the request's ToolPlan), for a whole reply or, streamed, delta by delta.
 
 Reasoning is split first and tools are read from the content that remains. A reply
-under a constraint (a tool choice's, a structured output's) is not split for reasoning:
-the grammar holds from its first token.
+under a constraint (a tool choice's, a structured output's) starts outside any think
+block: the grammar holds from its first token.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ class ReplyParser:
         constrained: bool,
     ) -> None:
         self.plan = plan
-        self.reasoning = None if constrained else reasoning
+        self.reasoning = reasoning
         self.prompt_text = prompt_text
+        self.constrained = constrained
 
     @property
     def active(self) -> bool:
@@ -45,7 +46,7 @@ class ReplyParser:
     def whole(self, text: str) -> ReplyParts:
         reasoning, content = None, text
         if self.reasoning is not None:
-            reasoning, content = self.reasoning.split(self.prompt_text, text)
+            reasoning, content = self.reasoning.split(self.prompt_text, text, self.constrained)
         if self.plan.parser is None or content is None:
             return ReplyParts(reasoning, content, [])
         if self.plan.named is not None:
@@ -64,7 +65,9 @@ class ReplyStream:
     def __init__(self, parser: ReplyParser) -> None:
         self.parser = parser
         self.reasoning: ReasoningStream | None = (
-            parser.reasoning.stream(parser.prompt_text) if parser.reasoning else None
+            parser.reasoning.stream(parser.prompt_text, parser.constrained)
+            if parser.reasoning
+            else None
         )
         plan = parser.plan
         self.tools = ToolCallStream(plan.parser) if plan.parser and plan.named is None else None

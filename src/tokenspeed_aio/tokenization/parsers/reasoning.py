@@ -6,7 +6,9 @@ of a delta is held back until the next one decides it).
 prompt; a ``<think>`` the model writes itself is dropped) and is reasoning until
 ``</think>``. ``qwen3``: inside from the start only when the rendered prompt left a
 ``<think>`` open; otherwise content until the model writes ``<think>``. A reply with no
-tag at all -- Qwen3 with ``enable_thinking: false`` -- is all content.
+tag at all -- Qwen3 with ``enable_thinking: false`` -- is all content. A reply under a
+grammar starts outside the block whatever the parser: the grammar decides from its first
+token whether a think block is written.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ class ReasoningParser:
     name = "base"
     always_inside = False
 
-    def stream(self, prompt: str) -> ReasoningStream:
-        return ReasoningStream(self.always_inside or prompt_opens_block(prompt))
+    def stream(self, prompt: str, constrained: bool = False) -> ReasoningStream:
+        inside = not constrained and (self.always_inside or prompt_opens_block(prompt))
+        return ReasoningStream(inside)
 
-    def split(self, prompt: str, text: str) -> tuple[str | None, str | None]:
+    def split(
+        self, prompt: str, text: str, constrained: bool = False
+    ) -> tuple[str | None, str | None]:
         """(reasoning, content) of a complete reply (None for an empty part)."""
-        stream = self.stream(prompt)
+        stream = self.stream(prompt, constrained)
         r1, c1 = stream.feed(text)
         r2, c2 = stream.finish()
         return (r1 + r2) or None, (c1 + c2) or None
