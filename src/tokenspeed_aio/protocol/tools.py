@@ -15,7 +15,7 @@ class FunctionDefinition(msgspec.Struct, kw_only=True, omit_defaults=True):
     strict: bool | None = None
 
 
-class Tool(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Tool(msgspec.Struct, kw_only=True):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 

@@ -59,16 +59,20 @@ class HermesParser(ToolParser):
     name = "hermes"
     start_markers = ("<tool_call>",)
     closing_marker = "</tool_call>"
-    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+    _BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
     def extract(self, text: str) -> Extraction:
+        """A last block cut off before its closing tag (max_tokens) is dropped when it
+        does not parse; any other block that does not parse makes the reply content."""
         start = text.find("<tool_call>")
         if start < 0:
             return Extraction(text, [])
         objects = []
-        for block in self._BLOCK.findall(text[start:]):
+        for block, closed in self._BLOCK.findall(text[start:]):
             values = _json_values(block.strip())
             if values is None or len(values) != 1:
+                if not closed and objects:
+                    break
                 return Extraction(text, [])
             objects.append(values[0])
         calls = _calls(objects, "arguments")
