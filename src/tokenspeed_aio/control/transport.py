@@ -44,9 +44,11 @@ class LoadReporter:
     ) -> OutputBatch | None:
         load = msgspec.structs.replace(load, jit_compiles=jit[0], jit_compile_seconds=jit[1])
         now = time.monotonic()
-        if not outputs and load == self._last and now - self._last_sent < HEARTBEAT_SECONDS:
+        # The iteration counters move every forward; alone they are not news.
+        state = msgspec.structs.replace(load, forward_rounds=0, forward_tokens=0)
+        if not outputs and state == self._last and now - self._last_sent < HEARTBEAT_SECONDS:
             return None
-        self._last = load
+        self._last = state
         self._last_sent = now
         return OutputBatch(outputs, load, self.replica)
 

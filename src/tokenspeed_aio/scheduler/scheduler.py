@@ -53,6 +53,8 @@ class Scheduler(AdmissionMixin):
         self._inflight: dict[int, tuple[list[Request], list[ScheduledRow]]] = {}
         self._next_plan_id = 0
         self.num_retractions = 0  # preemptions since start (a metric)
+        self.forward_rounds = 0  # plans with a batch, and their tokens (metrics)
+        self.forward_tokens = 0
 
     def holds(self, rid: str) -> bool:
         return rid in self.requests
@@ -107,6 +109,9 @@ class Scheduler(AdmissionMixin):
             budget = self._admit(plan, prefills, prefill_reqs, budget)
         plan.rows = decodes + prefills
         plan.num_tokens = self.config.max_num_batched_tokens - budget
+        if plan.num_tokens:  # iteration counts for the load report (metrics)
+            self.forward_rounds += 1
+            self.forward_tokens += plan.num_tokens
         if plan.rows:
             self._inflight[plan.plan_id] = (decode_reqs + prefill_reqs, plan.rows)
         return plan
@@ -226,6 +231,8 @@ class Scheduler(AdmissionMixin):
             resident_blocks=self.pool.num_resident,
             active_blocks=self.pool.num_active,
             total_blocks=self.pool.num_usable,
+            forward_rounds=self.forward_rounds,
+            forward_tokens=self.forward_tokens,
         )
 
     def has_work(self) -> bool:

@@ -57,6 +57,8 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
     total_blocks: int
     jit_compiles: int = 0  # JIT compilations on the forward thread since serving began
     jit_compile_seconds: float = 0.0
+    forward_rounds: int = 0  # rounds that forwarded a batch, since start (cumulative)
+    forward_tokens: int = 0  # tokens those rounds forwarded (prefill + decode, cumulative)
 
 
 class TokenOutput(msgspec.Struct, array_like=True, omit_defaults=True):
