@@ -22,7 +22,10 @@ ENGINE_ARGS = dict(max_model_len=1024, page_size=4, num_kv_blocks=1024, max_num_
 
 
 class AppsThread(threading.Thread):
-    def __init__(self, model: Path, apps: dict[str, ServerOptions], **engine_args) -> None:
+    def __init__(
+        self, model: Path, apps: dict[str, ServerOptions | tuple[ServerOptions, list[str]]],
+        **engine_args,
+    ) -> None:  # fmt: skip
         super().__init__(name="test-apps", daemon=True)
         self.model = model
         self.apps = apps
@@ -46,9 +49,12 @@ class AppsThread(threading.Thread):
         engine = await AsyncEngine.start(EngineArgs(model=str(self.model), **self.engine_args))
         try:
             for name, options in self.apps.items():
+                names = ["tiny"]
+                if isinstance(options, tuple):
+                    options, names = options
                 sock = bind_socket("127.0.0.1", 0)
                 self.urls[name] = f"http://127.0.0.1:{sock.getsockname()[1]}"
-                app = build_app(engine, served_model_name="tiny", options=options)
+                app = build_app(engine, served_model_name=names, options=options)
                 serving = serve_http(
                     app, "127.0.0.1", 0, log_level="warning", drain_seconds=1.0, sock=sock
                 )
@@ -67,8 +73,9 @@ class AppsThread(threading.Thread):
 
 
 @contextlib.contextmanager
-def serve_apps(model: Path, apps: dict[str, ServerOptions], **engine_args) -> Iterator[dict]:
-    """{app name: base URL} while the apps serve; the engine is leak-checked at the end."""
+def serve_apps(model: Path, apps: dict, **engine_args) -> Iterator[dict]:
+    """{app name: base URL} while the apps serve (each app's value: its ServerOptions, or
+    (options, served model names)); the engine is leak-checked at the end."""
     thread = AppsThread(model, apps, **engine_args)
     thread.start()
     try:
