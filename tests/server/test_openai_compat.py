@@ -270,3 +270,43 @@ async def test_a_body_that_never_ends_is_cut_off(apps):
     assert head.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in head
     assert loop.time() - start < 5
     writer.close()
+
+
+# -- metrics -------------------------------------------------------------------------------
+def metric(text: str, name: str) -> float:
+    """The sample's value; 0 for a series that has none yet (its HELP line is there)."""
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            return float(line.rsplit(" ", 1)[1])
+    assert f"# HELP {name} " in text, f"{name} not in /metrics"
+    return 0.0
+
+
+async def test_prefix_cache_iteration_and_process_metrics(apps):
+    async with httpx.AsyncClient(base_url=apps["plain"]) as http:
+        before = (await http.get("/metrics")).text
+        prompt = "The for statement is used to iterate over the elements of a sequence " * 3
+        for _ in range(2):  # the second finds the first's blocks
+            async with oai(apps) as client:
+                await client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+        after = (await http.get("/metrics")).text
+    queries = "tokenspeed:prefix_cache_queries_total"
+    hits = "tokenspeed:prefix_cache_hits_total"
+    tokens = (await token_count(apps, prompt)) * 2
+    assert metric(after, queries) - metric(before, queries) == tokens
+    assert metric(after, hits) - metric(before, hits) >= tokens // 2 - 16
+    assert metric(after, "tokenspeed:iterations_total") > metric(
+        before, "tokenspeed:iterations_total"
+    )
+    assert (
+        metric(after, "tokenspeed:iteration_tokens_total")
+        - metric(before, "tokenspeed:iteration_tokens_total")
+        >= tokens // 2
+    )
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
+        assert metric(after, name) > 0
+
+
+async def token_count(apps, text: str) -> int:
+    async with httpx.AsyncClient(base_url=apps["plain"]) as http:
+        return (await http.post("/tokenize", json={"prompt": text})).json()["count"]

@@ -57,6 +57,7 @@ class ReasoningStream:
         self.inside = inside
         self.done = False  # past </think>: the rest is content
         self.at_start = True  # nothing assigned yet (a leading <think> is dropped)
+        self.after_end = False  # newlines right after </think> are not content
         self.pending = ""
 
     def feed(self, delta: str) -> tuple[str, str]:
@@ -64,6 +65,11 @@ class ReasoningStream:
         reasoning, content = [], []
         while self.pending:
             if self.done:
+                if self.after_end:
+                    self.pending = self.pending.lstrip("\n")
+                    if not self.pending:
+                        break
+                    self.after_end = False
                 content.append(self.pending)
                 self.pending = ""
             elif self.inside:
@@ -78,8 +84,8 @@ class ReasoningStream:
                 j = self.pending.find(END)
                 if j >= 0:
                     reasoning.append(self.pending[:j])
-                    self.pending = self.pending[j + len(END) :].lstrip("\n")
-                    self.inside, self.done = False, True
+                    self.pending = self.pending[j + len(END) :]
+                    self.inside, self.done, self.after_end = False, True, True
                     continue
                 keep = partial_suffix(self.pending, (END,))
                 reasoning.append(self.pending[: len(self.pending) - keep])
