@@ -40,7 +40,6 @@ from tokenspeed_aio.server.routes_tokenize import tokenize_router
 
 logger = logging.getLogger(__name__)
 
-MiB = 1 << 20
 
 
 def build_app(
@@ -48,7 +47,7 @@ def build_app(
     *,
     served_model_name: str | list[str],
     api_key: str | None = None,
-    max_body_bytes: int = 8 * MiB,
+    max_body_bytes: int | None = None,
     options: ServerOptions | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine``.
@@ -58,10 +57,10 @@ def build_app(
     ``max_body_bytes`` are shorthands for two of them.
     """
     options = options or ServerOptions()
-    if api_key is not None or max_body_bytes != options.max_body_bytes:
-        options = dataclasses.replace(
-            options, api_key=api_key or options.api_key, max_body_bytes=max_body_bytes
-        )
+    if api_key is not None:
+        options = dataclasses.replace(options, api_key=api_key)
+    if max_body_bytes is not None:
+        options = dataclasses.replace(options, max_body_bytes=max_body_bytes)
     names = [served_model_name] if isinstance(served_model_name, str) else served_model_name
     frontend = engine.frontend
     metrics = ServerMetrics(frontend, names[0])
