@@ -41,7 +41,6 @@ from tokenspeed_aio.server.routes_tokenize import tokenize_router
 logger = logging.getLogger(__name__)
 
 
-
 def build_app(
     engine: AsyncEngine,
     *,
