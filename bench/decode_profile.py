@@ -23,6 +23,7 @@ import torch
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.bench.kernel_profile import kernel_breakdown, time_step, write_profile
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.bench.roofline import ModelBytes, measure_bandwidth, measure_matmul_peak
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.data_plane.cuda_graph import DecodeRows
@@ -76,7 +77,7 @@ def main() -> None:
         "--max-model-len", type=int, default=8192, help="sets the decode split count, as serving"
     )
     parser.add_argument("--attention-backend", default="triton")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/decode-profile.json"))
+    parser.add_argument("--out", type=Path, help=OUT_HELP)
     ns = parser.parse_args()
     sizes = [int(b) for b in ns.batch.split(",")]
     bandwidth = measure_bandwidth("cuda")
@@ -107,7 +108,8 @@ def main() -> None:
         r["step_over_roofline"] = r["step_ms"] / r["roofline_ms"]
         results.append(r)
         print(json.dumps(r, indent=1))
-    write_profile(ns.out, ns.shape, results, bandwidth=bandwidth, matmul=matmul)
+    out = ns.out or default_out_path("decode-profile")
+    write_profile(out, ns.shape, results, bandwidth=bandwidth, matmul=matmul)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5's GPU acceptance runs, in stages that each fit one 10-minute device call:
+# The GPU acceptance runs, in stages of under ten minutes each:
 #
 #   bash bench/gpu_acceptance.sh STAGE OUTDIR
 #

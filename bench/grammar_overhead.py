@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.model_source import DEFAULT_MODEL_DIR
 
@@ -112,7 +113,7 @@ async def main() -> None:
     parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
     parser.add_argument("--shape", help="a benchmark shape (e.g. llama-8b) instead of --model")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", help=OUT_HELP)
     ns = parser.parse_args()
     command = "python bench/grammar_overhead.py " + " ".join(
         f"--{k} {v}" for k, v in vars(ns).items() if v and not (k == "model" and ns.shape)
@@ -136,7 +137,7 @@ async def main() -> None:
         "rows": rows,
         "mask_fill_us_per_token": mask_fill_us(Path(ns.model)),
     }
-    out = Path(ns.out or f"bench/results/grammar-overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out = Path(ns.out) if ns.out else default_out_path("grammar-overhead")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print("| batch | unconstrained TPOT ms | constrained TPOT ms | overhead ms/token |")

@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.model_source import DEFAULT_MODEL_DIR
 
 
@@ -140,7 +141,7 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", help=OUT_HELP)
     ns = parser.parse_args()
     texts = prompts(ns.requests)
     conc, mt = ns.concurrency, ns.max_tokens
@@ -165,7 +166,8 @@ async def main() -> None:
         ).stdout.strip(),
         "rows": rows,
     }
-    out = Path(ns.out or f"bench/results/http-overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out = Path(ns.out) if ns.out else default_out_path("http-overhead")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print("| target | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms |")
     print("| --- | --- | --- | --- | --- |")

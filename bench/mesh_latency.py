@@ -4,7 +4,7 @@ Each rank process forms the mesh through a rendezvous, warms up, then times ``ro
 all-gathers of a round-sized payload (a few ints). Latency is the time one rank spends in one
 ``all_gather`` call; samples of every rank are pooled.
 
-    python bench/mesh_latency.py --ranks 2 4 --rounds 5000 --out /tmp/mesh_latency.json
+    python bench/mesh_latency.py [--ranks 2 4] [--rounds 5000] [--out PATH]
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import platform
 import socket
 import statistics
 import time
+from pathlib import Path
 
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.collective import Mesh, Rendezvous
 
 
@@ -93,7 +95,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5000)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--payload-ints", type=int, default=4)
-    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--out", help=OUT_HELP)
     args = parser.parse_args()
 
     rows = [
@@ -119,9 +121,10 @@ def main() -> None:
             f"| {row['ranks']} | {row['loop']} | {row['p50_us']} | {row['p90_us']} "
             f"| {row['p99_us']} | {row['mean_us']} |"
         )
-    if args.out:
-        with open(args.out, "w") as out:
-            json.dump({"machine": machine, "results": rows}, out, indent=2)
+    path = Path(args.out) if args.out else default_out_path("mesh-latency")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "results": rows}, indent=2))
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.bench.kernel_profile import kernel_breakdown, time_step, write_profile
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.bench.roofline import layer_params, measure_matmul_peak, prompt_flops
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.data_plane.batch_inputs import build_host_batch
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--decodes", default="0,56", help="decode rows beside the prompts")
     parser.add_argument("--context", type=int, default=1536, help="each decode row's context")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/prefill-profile.json"))
+    parser.add_argument("--out", type=Path, help=OUT_HELP)
     ns = parser.parse_args()
     decode_counts = [int(d) for d in ns.decodes.split(",")]
     matmul = measure_matmul_peak("cuda")
@@ -147,7 +148,7 @@ def main() -> None:
         r["cublas_alone"] = cublas_rates(config, host.num_tokens, peak)
         results.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "top_marginal_ms"}, indent=1))
-    write_profile(ns.out, ns.shape, results, matmul=matmul)
+    write_profile(ns.out or default_out_path("prefill-profile"), ns.shape, results, matmul=matmul)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A fixed-length run's roofline with its prefill counted, from a bench JSON.
 
-    python bench/prefill_roofline.py RUN.json --matmul-flops 7.86e14 [--shape llama-8b]
+    python bench/prefill_roofline.py RUN.json[.gz] --matmul-flops 7.86e14 [--shape llama-8b]
 
 The bench's roofline is decode-only: every output step at (weights + KV bytes) / bandwidth.
 But each request's prompt must also be computed once, and a prompt is compute-bound: its
@@ -18,6 +18,7 @@ The floor of the whole run is then (decode-only floor time + prefill floor time)
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import tempfile
 from pathlib import Path
@@ -29,11 +30,12 @@ from tokenspeed_aio.model.config import ModelConfig
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="a fixed-1k bench JSON")
+    parser.add_argument("run", type=Path, help="a fixed-1k bench JSON (or .json.gz)")
     parser.add_argument("--matmul-flops", type=float, required=True, help="measured FLOP/s")
     parser.add_argument("--shape", help="the run's shape (default: the JSON's)")
     ns = parser.parse_args()
-    doc = json.loads(ns.run.read_text())
+    raw = ns.run.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if ns.run.suffix == ".gz" else raw)
     shape = ns.shape or doc["target"]["shape"]
     config = ModelConfig.from_pretrained(checkpoint_dir(shape, Path(tempfile.mkdtemp())))
     input_len = doc["settings"]["input_len"]

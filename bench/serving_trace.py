@@ -30,6 +30,7 @@ import torch
 
 from tokenspeed_aio.api.engine import AsyncEngine
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.sampling_params import SamplingParams
 
@@ -133,12 +134,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--attention-backend", default="triton")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/serving-trace.json"))
+    parser.add_argument("--out", type=Path, help=OUT_HELP)
     ns = parser.parse_args()
     result = asyncio.run(trace(ns))
     print(json.dumps(result, indent=1))
-    ns.out.parent.mkdir(parents=True, exist_ok=True)
-    ns.out.write_text(json.dumps(result, indent=1))
+    out = ns.out or default_out_path("serving-trace")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

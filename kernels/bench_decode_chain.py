@@ -2,6 +2,7 @@
 through ``skinny_gemm`` (and its tiles), with programmatic dependent launch on and off.
 
     python kernels/bench_decode_chain.py [--shape qwen3-8b llama-8b] [--json OUT.json]
+                                         [--write-config]
 
 ``bench_skinny_gemm.py`` times one product alone. In a decode step a product sits between a
 norm and attention, and with PDL its programs start while the kernel before it finishes, so
@@ -18,7 +19,9 @@ more bytes than the L2 holds) and reports the replay time per step:
 A candidate whose tiles do not fit the shared memory is reported and skipped. The best
 choice is only a lead: the model's decode graph (``bench/decode_profile.py``, which also has
 the embedding, the new token's RoPE and KV write, the head and the argmax) decides what goes
-into the tables.
+into the tables. ``--write-config`` writes it into this GPU's ``skinny_gemm`` (gate_up:
+``skinny_gemm_silu_mul``) table at the 64-row bucket, cuBLAS as a removed key
+(``tokenspeed_kernels/tuning.py``); a shape two models share keeps the last model's choice.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 from bench_kernels import copy_bandwidth, run_info
-from tokenspeed_kernels import decode_attention, fused_add_rms_norm, pdl
+from tokenspeed_kernels import decode_attention, fused_add_rms_norm, pdl, tuning
 from tokenspeed_kernels import skinny_gemm as sg
 from tokenspeed_kernels.activation import silu_and_mul
 from triton.runtime.errors import OutOfResources
@@ -42,8 +45,8 @@ SHAPES = {
     "llama-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336),
 }
 PRODUCTS = ("qkv", "o", "gate_up", "down")
-# Per product: cuBLAS and the best tiles of bench_skinny_gemm.py's 64-row searches
-# (bench/results/skinny-gemm{,-silu-mul}-h200-session5.json), plus a few neighbours.
+# Per product: cuBLAS and the best tiles of bench_skinny_gemm.py's 64-row search on the H200,
+# plus a few neighbours.
 CANDIDATES = {
     "qkv": ["cublas", (64, 128, 1, 4, 5), (64, 128, 1, 8, 5), (64, 128, 1, 4, 4),
             (64, 256, 1, 4, 4), (128, 128, 2, 4, 4), (64, 64, 1, 4, 5), (32, 128, 1, 4, 4)],
@@ -66,12 +69,21 @@ def weight_shapes(shape: str) -> dict[str, tuple[int, int]]:
 
 
 def tables_choice(shape: str) -> dict:
-    """What ``skinny_gemm``'s tables pick at 64 rows (gate_up: ``SILU_MUL_CONFIGS``)."""
+    """What this GPU's ``skinny_gemm`` tables pick at 64 rows (gate_up: the SwiGLU's)."""
     choice = {}
     for name, (n, k) in weight_shapes(shape).items():
-        table = sg.SILU_MUL_CONFIGS if name == "gate_up" else sg.CONFIGS
+        table = sg.configs(silu_mul=name == "gate_up")
         choice[name] = table.get((n, k, sg.m_bucket(ROWS)), "cublas")
     return choice
+
+
+def write_choice(shape: str, choice: dict) -> None:
+    """``choice`` into this GPU's tables at the 64-row bucket (cuBLAS: the key removed)."""
+    for name, (n, k) in weight_shapes(shape).items():
+        table = "skinny_gemm_silu_mul" if name == "gate_up" else "skinny_gemm"
+        config = None if choice[name] == "cublas" else choice[name]
+        file = tuning.update(table, {(n, k, sg.m_bucket(ROWS)): config})
+        print(f"{shape} {name}: {choice[name]} -> {file}")
 
 
 def build(shape: str) -> dict:
@@ -177,6 +189,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--json", help="write every timing here")
+    parser.add_argument(
+        "--write-config", action="store_true", help="write the best choice into this GPU's tables"
+    )
     args = parser.parse_args()
     start = time.time()
     report = {**run_info(copy_bandwidth()), "rows": ROWS, "context": CONTEXT + 1, "shapes": {}}
@@ -185,6 +200,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         best = report["shapes"][shape]["best"]
         print(f"{shape}: best {best}, tables {report['shapes'][shape]['tables']}")
+        if args.write_config:
+            write_choice(shape, best)
     report["elapsed_s"] = time.time() - start
     if args.json:
         with open(args.json, "w") as f:

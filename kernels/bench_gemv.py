@@ -2,28 +2,33 @@
 grid of tile configs, for the Llama-3-8B and Qwen3-8B projections.
 
     python kernels/bench_gemv.py [--silu-mul | --norm | --rope-kv] [--json OUT.json]
+                                 [--write-config]
 
 Each case replays, from a CUDA graph, one product over each of several copies of the weight
 in turn (more bytes than the L2 holds, as a model's layers are), and reports microseconds
 per product and the weight-read bandwidth, next to a device-to-device copy measured in the
-same run. The best config of each shape that beats cuBLAS belongs in ``gemv.CONFIGS``.
+same run. The best config of each shape that beats cuBLAS belongs in this GPU's ``gemv``
+table: ``--write-config`` writes each mode's winners into its table's file for the current
+device, and removes the shapes where the baseline won (``tokenspeed_kernels/tuning.py``).
+Each mode's baseline runs from the tables of the modes before it (plain, ``--silu-mul``,
+``--norm``, ``--rope-kv``): re-tune in that order.
 
 ``--silu-mul`` times the gate/up projections with the SwiGLU activation as the product's
-epilogue (``gemv(..., silu_mul=True)``) against the plain product (its ``CONFIGS`` entry)
-followed by the activation kernel; the best config belongs in ``gemv.SILU_MUL_CONFIGS``.
+epilogue (``gemv(..., silu_mul=True)``) against the plain product (its ``gemv`` table entry,
+else cuBLAS) followed by the activation kernel; the best config belongs in ``gemv_silu_mul``.
 
 ``--norm`` times the projections that follow a decoder layer's norms (qkv; gate_up with its
 activation) with the residual add + RMSNorm as the product's prologue
 (``gemv.norm_gemv``), sweeping the tile grid with both prologues (one pass, two passes),
-against the unfused pair: ``rmsnorm.fused_add_rms_norm`` then ``gemv`` with its measured
-config. The best config, with its prologue, belongs in ``gemv.NORM_CONFIGS``.
+against the unfused pair: ``rmsnorm.fused_add_rms_norm`` then the product as the tables
+run it. The best config, with its prologue, belongs in ``gemv_norm``.
 
 ``--rope-kv`` times the qkv projection of one token with RoPE and the KV-cache write as its
 epilogue (``gemv_rope_kv.norm_gemv_rope_kv``), sweeping BLOCK_HALF and the rest of the grid with both
-prologues, against the unfused pair: ``norm_gemv`` with its ``NORM_CONFIGS`` entry, then
-``rotary.apply_rotary`` with its ``kv_store``; also the fused kernel at its default config
-(``gemv_rope_kv.rope_kv_config``). The best config belongs in
-``gemv_rope_kv.ROPE_KV_CONFIGS``.
+prologues, against the unfused pair: ``norm_gemv`` with its ``gemv_norm`` entry (else the
+norm kernel and the product), then ``rotary.apply_rotary`` with its ``kv_store``; also the
+fused kernel at its default config (``gemv_rope_kv.rope_kv_config``). The best config
+belongs in ``gemv_rope_kv``.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 from bench_kernels import copy_bandwidth, run_info
+from tokenspeed_kernels import tuning
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.gemv import CONFIGS, NORM_CONFIGS, SILU_MUL_CONFIGS, gemv, norm_gemv
+from tokenspeed_kernels.gemv import configs, gemv, norm_configs, norm_gemv
 from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv, rope_kv_config
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
 from tokenspeed_kernels.rotary import apply_rotary
@@ -83,6 +89,24 @@ def weight_copies(n: int, k: int) -> list[torch.Tensor]:
     return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
 
 
+def table_product(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+    """The batch-1 product (and activation) as the engine runs it from this GPU's tables
+    (``model/ops/products.py``): the fused epilogue's entry, else the plain product's then
+    the activation, else cuBLAS."""
+    fused = configs(x.device, silu_mul=True).get(tuple(w.shape)) if silu_mul else None
+    if fused:
+        return gemv(x, w, config=fused, silu_mul=True)
+    config = configs(x.device).get(tuple(w.shape))
+    y = gemv(x, w, config=config) if config else F.linear(x, w)
+    return silu_and_mul(y) if silu_mul else y
+
+
+def pick(key: tuple, best: tuple, best_us: float, baseline_us: float) -> dict:
+    """A result's entry for ``tuning.update``: the winner where it beat the baseline, else
+    None (the key leaves the table)."""
+    return {"key": list(key), "config": list(best) if best_us < baseline_us else None}
+
+
 def bench_shape(name: str, n: int, k: int) -> dict:
     weights = weight_copies(n, k)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
@@ -100,14 +124,14 @@ def bench_shape(name: str, n: int, k: int) -> dict:
         "gemv_best_us": sweep[best],
         "gemv_tb_per_s": bytes_read / sweep[best] / 1e6,
         "sweep_us": {str(c): round(t, 2) for c, t in sweep.items()},
+        "pick": pick((n, k), best, sweep[best], cublas),
     }
 
 
 def bench_silu_mul(name: str, n: int, k: int) -> dict:
     weights = weight_copies(n, k)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    plain = CONFIGS[(n, k)]
-    separate = time_per_product(lambda w: silu_and_mul(gemv(x, w, config=plain)), weights)
+    separate = time_per_product(lambda w: silu_and_mul(table_product(x, w)), weights)
     sweep = {
         cfg: time_per_product(lambda w, c=cfg: gemv(x, w, config=c, silu_mul=True), weights)
         for cfg in GRID
@@ -121,6 +145,7 @@ def bench_silu_mul(name: str, n: int, k: int) -> dict:
         "silu_mul_best_config": list(best),
         "silu_mul_best_us": sweep[best],
         "sweep_us": {str(c): round(t, 2) for c, t in sweep.items()},
+        "pick": pick((n, k), best, sweep[best], separate),
     }
 
 
@@ -133,11 +158,10 @@ def norm_inputs(k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float
 def bench_norm(name: str, n: int, k: int, silu_mul: bool) -> dict:
     weights = weight_copies(n, k)
     x, residual, norm_weight, eps = norm_inputs(k)
-    plain = (SILU_MUL_CONFIGS if silu_mul else CONFIGS)[(n, k)]
 
     def unfused(w):
         normed, _ = fused_add_rms_norm(x, residual, norm_weight, eps)
-        return gemv(normed, w, config=plain, silu_mul=silu_mul)
+        return table_product(normed, w, silu_mul)
 
     def fused(w, config):
         return norm_gemv(x, residual, norm_weight, eps, w, config=config, silu_mul=silu_mul)
@@ -164,6 +188,7 @@ def bench_norm(name: str, n: int, k: int, silu_mul: bool) -> dict:
         **{f"{p}_best_config": list(c) for p, c in best_of.items()},
         **{f"{p}_best_us": sweep[c] for p, c in best_of.items()},
         "sweep_us": {str(c): round(t, 2) for c, t in sweep.items()},
+        "pick": pick((n, k, silu_mul), best, sweep[best], separate),
     }
 
 
@@ -176,11 +201,14 @@ def bench_rope_kv(name: str, num_q_heads: int, num_kv_heads: int, head_dim: int,
     slots = torch.tensor([1234], device="cuda")
     cache_shape = (256, 16, num_kv_heads, head_dim)
     caches = [torch.zeros(cache_shape, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
-    plain = NORM_CONFIGS[(n, k, False)]
+    plain = norm_configs().get((n, k, False))
     split = [num_q_heads, num_kv_heads, num_kv_heads]
 
     def unfused(w):
-        y, _ = norm_gemv(*norm_args, w, config=plain)
+        if plain:
+            y, _ = norm_gemv(*norm_args, w, config=plain)
+        else:
+            y = table_product(fused_add_rms_norm(*norm_args)[0], w)
         q, k_new, v_new = y.view(1, -1, head_dim).split(split, dim=1)
         apply_rotary(q, k_new, positions, cos_sin, (v_new, *caches, slots))
 
@@ -201,12 +229,13 @@ def bench_rope_kv(name: str, num_q_heads: int, num_kv_heads: int, head_dim: int,
         "k": k,
         "heads": [num_q_heads, num_kv_heads, head_dim],
         "unfused_us": separate,
-        "unfused_norm_config": list(plain),
+        "unfused_norm_config": list(plain) if plain else None,
         "default_config": list(rope_kv_config(n, k)),
         "default_us": default,
         "rope_kv_best_config": list(best),
         "rope_kv_best_us": sweep[best],
         "sweep_us": {str(c): round(t, 2) for c, t in sweep.items()},
+        "pick": pick((n, k), best, sweep[best], separate),
     }
 
 
@@ -224,6 +253,14 @@ def bench_plain() -> list[dict]:
     return rows
 
 
+def write_picks(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Each row's pick into the current device's file of the mode's table."""
+    modes = {"gemv_silu_mul": args.silu_mul, "gemv_norm": args.norm, "gemv_rope_kv": args.rope_kv}
+    table = next((name for name, chosen in modes.items() if chosen), "gemv")
+    picks = {tuple(r["pick"]["key"]): r["pick"]["config"] for r in rows}
+    print(f"{table}: {picks} -> {tuning.update(table, picks)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the results here")
@@ -234,6 +271,9 @@ def main() -> None:
     )
     mode.add_argument(
         "--rope-kv", action="store_true", help="qkv with RoPE + the KV-cache write as epilogue"
+    )
+    parser.add_argument(
+        "--write-config", action="store_true", help="write the picks into this GPU's table"
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -266,6 +306,8 @@ def main() -> None:
         result = {**run_info(copy), "shapes": rows}
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.write_config:
+        write_picks(args, rows)
 
 
 if __name__ == "__main__":

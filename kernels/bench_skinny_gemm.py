@@ -4,6 +4,7 @@ cuBLAS (``F.linear``) against ``skinny_gemm`` over a grid of tile configs, for t
 and Qwen3-8B projections at 2 to 64 rows (``--batch``).
 
     python kernels/bench_skinny_gemm.py [--silu-mul] [--batch M ...] [--json OUT.json]
+                                        [--write-config]
 
 Timing as in ``bench_gemv.py``: a CUDA graph replays one product over each of several copies
 of the weight in turn (more bytes than the L2 holds), reported as microseconds per product and
@@ -22,13 +23,15 @@ costs a compile and a timing):
 
 Every step keeps ``K / SPLIT_K >= BLOCK_K`` and skips configs that do not fit the shared
 memory. Each winner's output is checked against ``F.linear`` at every batch before it is
-reported. ``--json`` writes every timing and a ``CONFIGS`` dict, ready to paste into
-``skinny_gemm.py``, of the winners that match ``F.linear`` and beat cuBLAS at every batch of
-their bucket.
+reported. The winners that match ``F.linear`` and beat cuBLAS at every batch of their bucket
+belong in this GPU's ``skinny_gemm`` table: ``--write-config`` writes them into its file for
+the current device and removes the (shape, bucket) keys measured where cuBLAS won
+(``tokenspeed_kernels/tuning.py``); ``--json`` writes every timing and the winners' table.
+``kernels/bench_decode_chain.py`` then picks the 64-row keys in a decoder layer's chain.
 
 ``--silu-mul`` times the gate/up projections with the SwiGLU activation as the product's
 epilogue (``skinny_gemm(..., silu_mul=True)``) against cuBLAS followed by ``silu_and_mul``;
-its winners belong in ``SILU_MUL_CONFIGS``.
+its winners belong in ``skinny_gemm_silu_mul``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import triton
 from bench_gemv import GATE_UP_SHAPES, time_per_product, weight_copies
 from bench_gemv import SHAPES as GEMV_SHAPES
 from bench_kernels import copy_bandwidth, run_info
+from tokenspeed_kernels import tuning
 from tokenspeed_kernels.activation import silu_and_mul
 from tokenspeed_kernels.skinny_gemm import MAX_M, m_bucket, skinny_gemm
 from triton.runtime.errors import OutOfResources
@@ -153,19 +157,19 @@ def bench_shape(name: str, n: int, k: int, batches: list[int], silu_mul: bool) -
     return [bench_bucket(name, weights, xs, silu_mul) for xs in buckets.values()]
 
 
-def configs_snippet(rows: list[dict], silu_mul: bool) -> str:
-    """The winners that match F.linear and beat cuBLAS at every batch, as a Python dict."""
-    name = "SILU_MUL_CONFIGS" if silu_mul else "CONFIGS"
-    lines = [f"{name}: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {{"]
-    for r in rows:
-        if r["beats_cublas"] and r["matches_linear"]:
-            b = r["batches"]
-            lines.append(
-                f"    ({r['n']}, {r['k']}, {r['m_bucket']}): {tuple(r['best_config'])},"
-                f"  # {r['shape']}, M {b[0]['batch']}-{b[-1]['batch']}: "
-                + ", ".join(f"{p['skinny_us']:.1f} us vs {p['cublas_us']:.1f}" for p in b)
-            )
-    return "\n".join([*lines, "}"])
+def picks(rows: list[dict]) -> dict:
+    """(N, K, m_bucket) -> the winner where it matched F.linear and beat cuBLAS at every batch
+    of the bucket, else None (the key leaves the table: ``tuning.update``)."""
+    return {
+        (r["n"], r["k"], r["m_bucket"]): (
+            tuple(r["best_config"]) if r["beats_cublas"] and r["matches_linear"] else None
+        )
+        for r in rows
+    }
+
+
+def table_name(silu_mul: bool) -> str:
+    return "skinny_gemm_silu_mul" if silu_mul else "skinny_gemm"
 
 
 def main() -> None:
@@ -174,6 +178,9 @@ def main() -> None:
     parser.add_argument("--silu-mul", action="store_true", help="the gate/up projections only")
     parser.add_argument(
         "--batch", type=int, nargs="+", default=list(BATCHES), help="rows of x (1 to 64)"
+    )
+    parser.add_argument(
+        "--write-config", action="store_true", help="write the picks into this GPU's table"
     )
     args = parser.parse_args()
     if not all(1 <= m <= MAX_M for m in args.batch):
@@ -187,7 +194,9 @@ def main() -> None:
     for shape in GATE_UP_SHAPES if args.silu_mul else SHAPES:
         rows += bench_shape(*shape, args.batch, args.silu_mul)
         torch.cuda.empty_cache()
-    snippet = configs_snippet(rows, args.silu_mul)
+    chosen = picks(rows)
+    winners = {key: config for key, config in chosen.items() if config is not None}
+    snippet = tuning.dumps(table_name(args.silu_mul), winners)
     elapsed = time.perf_counter() - start
     print(f"{snippet}\n{elapsed:.0f} s")
     if args.json:
@@ -199,6 +208,8 @@ def main() -> None:
         }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.write_config:
+        print(f"-> {tuning.update(table_name(args.silu_mul), chosen)}")
     if not all(r["matches_linear"] for r in rows):
         sys.exit("some winner differs from F.linear (see above)")
 

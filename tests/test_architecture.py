@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -178,8 +179,36 @@ def test_package_imports_with_torch_blocked(package):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.parametrize(
+    "module",
+    ["helpers.sim_device", "helpers.sim_data_plane", "helpers.sim_engine", "helpers.fake_group"],
+)
+def test_round_test_helpers_import_with_torch_blocked(module):
+    """The round is tested without torch: its fake data plane and harness must not need it."""
+    code = f"import sys; sys.modules['torch'] = None; import {module}"
+    tests = str(ROOT / "tests")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, str(ROOT / "src")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_device_handle_exposes_only_named_operations():
     """The handle is the complete list of what the control plane may ask of the
     device; widening it is a design change, so this list changes with it."""
     public = sorted(n for n in vars(DeviceHandle) if not n.startswith("_"))
-    assert public == ["enter_serving", "execute", "forward_timeline", "idle_forward", "shutdown"]
+    assert public == [
+        "commit_weights",
+        "destroy_weights_group",
+        "enter_serving",
+        "execute",
+        "forward_timeline",
+        "idle_forward",
+        "init_weights_group",
+        "load_staged_weights",
+        "release_memory",
+        "resume_memory",
+        "shutdown",
+        "stage_weights",
+        "start_profile",
+        "stop_profile",
+    ]

@@ -2,8 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, gpu_test
+from tokenspeed_kernels import tuning
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.gemv import NORM_CONFIGS, SILU_MUL_CONFIGS, gemv, norm_gemv
+from tokenspeed_kernels.gemv import DEFAULT, NORM_DEFAULT, configs, gemv, norm_configs, norm_gemv
 from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv, rope_kv_config
 from tokenspeed_kernels.reference import rms_norm_reference, silu_and_mul_reference
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
@@ -66,7 +67,8 @@ def test_silu_mul_gemv_is_the_product_then_the_activation(dtype, config):
 @pytest.mark.parametrize("n,k", [(28672, 4096), (24576, 4096)])
 def test_silu_mul_gemv_gate_up_projections_gpu(n, k):
     x, weight, _ = _operands(n, k, torch.bfloat16, False)
-    plain = gemv(x, weight, config=SILU_MUL_CONFIGS[(n, k)])  # the same tiles, same sums
+    tiles = configs(x.device, silu_mul=True).get((n, k), DEFAULT)  # what silu_mul=True takes
+    plain = gemv(x, weight, config=tiles)  # the same tiles, same sums
     assert torch.equal(gemv(x, weight, silu_mul=True), silu_and_mul(plain))
     assert_close(gemv(x, weight, silu_mul=True), silu_and_mul(F.linear(x, weight)))
 
@@ -154,12 +156,13 @@ def test_two_pass_norm_gemv_rounds_as_the_norm_kernel_then_gemv(dtype):
 
 
 @gpu_test
-@pytest.mark.parametrize("shape", list(NORM_CONFIGS))
+@pytest.mark.parametrize("shape", list(tuning.table("gemv_norm", device_name="NVIDIA_H200")))
 @pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "two_pass"])
 def test_norm_gemv_8b_projections_gpu(shape, two_pass):
+    # The H200's fused shapes, with the tiles of the GPU the test runs on.
     rows, k, silu_mul = shape
     x, r, norm_weight, weight = _norm_operands(rows, k, torch.bfloat16, True)
-    *tiles, _ = NORM_CONFIGS[shape]
+    *tiles, _ = norm_configs(x.device).get(shape, NORM_DEFAULT)
     y, h = norm_gemv(x, r, norm_weight, 1e-5, weight, config=(*tiles, two_pass), silu_mul=silu_mul)
     normed, h_unfused = fused_add_rms_norm(x, r, norm_weight, 1e-5)
     y_unfused = gemv(normed, weight, config=tiles, silu_mul=silu_mul)

@@ -3,14 +3,9 @@ import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, gpu_test
 from tokenspeed_kernels import skinny_gemm as skinny_gemm_module
+from tokenspeed_kernels import tuning
 from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.skinny_gemm import (
-    CONFIGS,
-    DEFAULT,
-    SILU_MUL_CONFIGS,
-    m_bucket,
-    skinny_gemm,
-)
+from tokenspeed_kernels.skinny_gemm import DEFAULT, configs, m_bucket, skinny_gemm
 
 # K = 300: 4 full 64-chunks + a masked tail; SPLIT_K=3 gives slices of 2 chunks: [0, 128),
 # [128, 256), [256, 300). N = 88 features: the last tile is cut short for BLOCK_N 32 and 16.
@@ -101,7 +96,7 @@ def test_more_than_64_rows_are_refused():
         skinny_gemm(x, weight)
 
 
-# Llama-3-8B's qkv, o_proj, down: tiles from CONFIGS (DEFAULT until measured), and split-K.
+# Llama-3-8B's qkv, o_proj, down: the running GPU's table (else DEFAULT), and split-K.
 LLAMA_8B = [(6144, 4096), (4096, 4096), (4096, 14336)]
 GPU_CONFIGS = [None, (64, 128, 4, 4, 4)]
 
@@ -122,22 +117,31 @@ def test_skinny_gemm_llama_8b_projections_gpu(n, k, m, config):
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=["table", "split_k4"])
 def test_silu_mul_llama_8b_gate_up_gpu(m, config):
     x, weight, _ = _operands(m, 28672, 4096, torch.bfloat16)
-    tiles = config or SILU_MUL_CONFIGS.get((28672, 4096, m_bucket(m)), DEFAULT)
+    tiles = config or configs(x.device, silu_mul=True).get((28672, 4096, m_bucket(m)), DEFAULT)
     y = skinny_gemm(x, weight, config=config, silu_mul=True)
     assert torch.equal(y, silu_and_mul(skinny_gemm(x, weight, config=tiles)))
     assert_close(y, silu_and_mul(F.linear(x, weight)))
 
 
+def _table_entries() -> list:
+    """(key, silu_mul) of every entry of the running GPU's tables (the H200's without CUDA,
+    where the test is skipped anyway); a GPU without tables gets one skipped case saying so."""
+    name = tuning.device_name_of() if torch.cuda.is_available() else "NVIDIA_H200"
+    entries = [
+        (key, silu_mul)
+        for silu_mul, table in ((False, "skinny_gemm"), (True, "skinny_gemm_silu_mul"))
+        for key in tuning.table(table, device_name=name)
+    ]
+    skip = pytest.mark.skip(reason=f"no skinny_gemm tables for {name}")
+    return entries or [pytest.param(None, None, marks=skip)]
+
+
 @gpu_test
-@pytest.mark.parametrize(
-    "key,silu_mul",
-    [(key, False) for key in CONFIGS] + [(key, True) for key in SILU_MUL_CONFIGS],
-    ids=lambda v: str(v),
-)
+@pytest.mark.parametrize("key,silu_mul", _table_entries(), ids=lambda v: str(v))
 def test_every_table_config_fits_and_matches_linear_gpu(key, silu_mul):
-    """Each measured tile at its bucket's most rows: it compiles within the shared memory (the
-    first weight tile before the wait costs a stage where it fits, ``_peels``) and computes
-    the product."""
+    """Each tile of the running GPU's tables at its bucket's most rows: it compiles within the
+    shared memory (the first weight tile before the wait costs a stage where it fits,
+    ``_peels``) and computes the product with the table's tiles."""
     n, k, bucket = key
     x, weight, _ = _operands(bucket, n, k, torch.bfloat16)
     y = skinny_gemm(x, weight, silu_mul=silu_mul)

@@ -57,19 +57,22 @@ program per SM, which lost more than the overlap won.
 ``norm_gemv_rope_kv`` (``gemv_rope_kv.py``) is ``norm_gemv`` of a qkv projection with RoPE and
 the KV-cache write as its epilogue, built on this module's product loop.
 
-``CONFIGS`` holds the tile shapes ``kernels/bench_gemv.py`` measured best on the H200 for the
-Llama-3-8B and Qwen3-8B projections; the model's layers use the kernel for those shapes only
-(``model/layers/linear.py``), cuBLAS elsewhere; likewise ``SILU_MUL_CONFIGS`` and
-``NORM_CONFIGS`` for the fused epilogue and prologue.
+``configs(device)`` is the device's table of the tiles ``kernels/bench_gemv.py`` measured
+faster than cuBLAS per weight shape (``tuning.py``: JSON per GPU); the engine's products use
+the kernel for those shapes only (``model/ops/products.py``), cuBLAS elsewhere; likewise
+``configs(device, silu_mul=True)`` and ``norm_configs(device)`` for the fused epilogue and
+prologue. Called without a config, the kernels take the table's tiles or ``DEFAULT``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import pdl, precise_math
+from tokenspeed_kernels import pdl, precise_math, tuning
 from tokenspeed_kernels.activation import silu_mul
 
 
@@ -220,36 +223,26 @@ def _gemv_kernel(
     tl.store(Y + offs_n, y, mask=mask_n)
 
 
-# (N, K) -> (BLOCK_N, BLOCK_K, num_warps, num_stages): the best of bench_gemv.py's grid on one
-# H200 (bench/results/gemv-h200.json), every one faster than cuBLAS for that shape there.
-CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
-    (6144, 4096): (4, 512, 4, 3),  # Llama-3-8B / Qwen3-8B qkv: 14.4 us vs cuBLAS 15.4
-    (4096, 4096): (8, 1024, 8, 3),  # o_proj: 10.4 vs 13.5
-    (28672, 4096): (16, 512, 4, 1),  # Llama gate_up: 55.7 vs 60.7
-    (4096, 14336): (8, 1024, 8, 1),  # Llama down: 29.5 vs 32.3
-    (128256, 4096): (8, 512, 4, 3),  # Llama lm_head: 238 vs 248
-    (24576, 4096): (16, 512, 8, 3),  # Qwen3 gate_up: 48.2 vs 49.5
-    (4096, 12288): (8, 1024, 8, 1),  # Qwen3 down: 25.6 vs 30.2
-    (151936, 4096): (8, 512, 4, 3),  # Qwen3 lm_head: 282 vs 297
-}
-# The same for ``silu_mul=True``, keyed by the weight's [2d, K]; BLOCK_N counts the
-# features of one half (a program reads 2 * BLOCK_N rows). ``bench_gemv.py --silu-mul``
-# (bench/results/gemv-silu-mul-h200.json) against the product + activation kernel:
-SILU_MUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {
-    (28672, 4096): (4, 1024, 8, 3),  # Llama gate_up: 56.6 us vs 57.3
-    (24576, 4096): (4, 1024, 8, 1),  # Qwen3 gate_up: 49.3 vs 50.4
-}
-DEFAULT = (8, 512, 4, 3)  # shapes not measured, when called directly
+DEFAULT = (8, 512, 4, 3)  # (BLOCK_N, BLOCK_K, num_warps, num_stages) of shapes not in a table
+NORM_DEFAULT = (*DEFAULT, False)  # and two_pass
 
-# ``norm_gemv``: (N, K, silu_mul) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, two_pass), the
-# projections after a decoder layer's norms where the fused prologue beat the norm kernel +
-# product on one H200 (``bench_gemv.py --norm``, bench/results/gemv-norm-h200.json). Llama's
-# gate_up is absent: fused 58.71 us against 58.73 unfused, no gain, so it keeps the norm launch.
-NORM_CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, bool]] = {
-    (6144, 4096, False): (16, 1024, 4, 1, True),  # Llama-3-8B / Qwen3-8B qkv: 15.8 us vs 17.3
-    (24576, 4096, True): (16, 512, 4, 1, False),  # Qwen3 gate_up: 51.0 vs 52.0
-}
-NORM_DEFAULT = (*DEFAULT, False)
+
+def configs(
+    device: torch.device | None = None, silu_mul: bool = False
+) -> Mapping[tuple[int, int], tuple[int, int, int, int]]:
+    """``device``'s (N, K) -> (BLOCK_N, BLOCK_K, num_warps, num_stages) of ``gemv``; with
+    ``silu_mul`` the fused epilogue's, keyed by the weight's [2d, K], BLOCK_N counting the
+    features of one half (a program reads 2 * BLOCK_N rows). Empty where not measured."""
+    return tuning.table("gemv_silu_mul" if silu_mul else "gemv", device)
+
+
+def norm_configs(
+    device: torch.device | None = None,
+) -> Mapping[tuple[int, int, bool], tuple[int, int, int, int, bool]]:
+    """``device``'s (N, K, silu_mul) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, two_pass) of
+    ``norm_gemv``: the projections after a decoder layer's norms where the fused prologue beat
+    the norm kernel + product."""
+    return tuning.table("gemv_norm", device)
 
 
 def pointer_args(x, weight, bias, y, norm_weight, residual, h) -> tuple:
@@ -313,8 +306,7 @@ def gemv(
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for a one-row ``x``; with ``silu_mul``, the SwiGLU activation
     of that product (no bias) (layout: module doc)."""
-    configs = SILU_MUL_CONFIGS if silu_mul else CONFIGS
-    config = config or configs.get(tuple(weight.shape), DEFAULT)
+    config = config or configs(x.device, silu_mul).get(tuple(weight.shape), DEFAULT)
     return _launch(x, weight, bias, config, silu_mul)
 
 
@@ -331,6 +323,7 @@ def norm_gemv(
     """``(gemv(rms_norm(h), weight, bias, silu_mul=silu_mul), h)`` with ``h = x + residual``
     (``x`` when residual is None), in one launch (layout and the two prologues: module doc)."""
     h = norm_output(x, residual, norm_weight)
-    *tiles, two_pass = config or NORM_CONFIGS.get((*weight.shape, silu_mul), NORM_DEFAULT)
+    key = (*weight.shape, silu_mul)
+    *tiles, two_pass = config or norm_configs(x.device).get(key, NORM_DEFAULT)
     y = _launch(x, weight, bias, tiles, silu_mul, norm_weight, residual, h, eps, two_pass)
     return y, h

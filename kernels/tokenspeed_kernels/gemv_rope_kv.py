@@ -24,12 +24,14 @@ programmatic dependent launch as every batch-1 product's is (``gemv``'s module d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import pdl, precise_math
-from tokenspeed_kernels.gemv import NORM_CONFIGS, NORM_DEFAULT, norm_output, pointer_args, products
+from tokenspeed_kernels import pdl, precise_math, tuning
+from tokenspeed_kernels.gemv import NORM_DEFAULT, norm_configs, norm_output, pointer_args, products
 from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
 
@@ -78,22 +80,27 @@ def _gemv_rope_kv_kernel(
     _store_halves(V_cache + in_slot, x1, x2, offs, HALF, (slot >= 0) & (kv_head >= NUM_KV_HEADS))
 
 
-# ``norm_gemv_rope_kv``: (N, K) -> (BLOCK_HALF, BLOCK_K, num_warps, num_stages, two_pass),
-# BLOCK_HALF the features of one half of one head (a program reads 2 * BLOCK_HALF rows).
-# Entries come from ``bench_gemv.py --rope-kv`` on the H200 (bench/results/
-# gemv-rope-kv-h200-session5.json), against ``norm_gemv`` + ``apply_rotary(kv_store=...)``.
-ROPE_KV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, bool]] = {
-    (6144, 4096): (8, 1024, 4, 1, True),  # Llama-3-8B qkv (32 + 2 x 8 heads of 128): 16.3 vs 18.7
-}
+def rope_kv_configs(
+    device: torch.device | None = None,
+) -> Mapping[tuple[int, int], tuple[int, int, int, int, bool]]:
+    """``device``'s (N, K) -> (BLOCK_HALF, BLOCK_K, num_warps, num_stages, two_pass) of
+    ``norm_gemv_rope_kv``, BLOCK_HALF the features of one half of one head (a program reads
+    2 * BLOCK_HALF rows): the qkv shapes where it beat ``norm_gemv`` + ``apply_rotary`` with
+    its ``kv_store`` (``tuning.py``). Empty where not measured."""
+    return tuning.table("gemv_rope_kv", device)
 
 
-def rope_kv_config(n: int, k: int) -> tuple[int, int, int, int, bool]:
-    """``norm_gemv_rope_kv``'s config for an [n, k] qkv weight: its ROPE_KV_CONFIGS entry, else
-    the plain product's NORM_CONFIGS entry (or NORM_DEFAULT) with the same rows per program
-    (BLOCK_HALF = BLOCK_N / 2) and its BLOCK_K, warps, stages and prologue."""
-    if (n, k) in ROPE_KV_CONFIGS:
-        return ROPE_KV_CONFIGS[(n, k)]
-    block_n, *rest = NORM_CONFIGS.get((n, k, False), NORM_DEFAULT)
+def rope_kv_config(
+    n: int, k: int, device: torch.device | None = None
+) -> tuple[int, int, int, int, bool]:
+    """``norm_gemv_rope_kv``'s config for an [n, k] qkv weight on ``device``: its
+    ``rope_kv_configs`` entry, else the plain product's ``norm_configs`` entry (or
+    NORM_DEFAULT) with the same rows per program (BLOCK_HALF = BLOCK_N / 2) and its BLOCK_K,
+    warps, stages and prologue."""
+    config = rope_kv_configs(device).get((n, k))
+    if config is not None:
+        return config
+    block_n, *rest = norm_configs(device).get((n, k, False), NORM_DEFAULT)
     return (block_n // 2, *rest)
 
 
@@ -123,7 +130,8 @@ def norm_gemv_rope_kv(
     assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1
     assert positions.numel() == 1 and slot_mapping.numel() == 1
     assert v_cache.shape == k_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
-    block_half, block_k, num_warps, num_stages, two_pass = config or rope_kv_config(rows, k)
+    config = config or rope_kv_config(rows, k, x.device)
+    block_half, block_k, num_warps, num_stages, two_pass = config
     half = head_dim // 2
     q = torch.empty((1, num_q_heads * head_dim), dtype=x.dtype, device=x.device)
     grid = ((num_q_heads + 2 * num_kv_heads) * triton.cdiv(half, block_half),)

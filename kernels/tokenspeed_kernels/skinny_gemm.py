@@ -38,22 +38,25 @@ reads overlap the tail of the kernel before it (a norm, the split-K sum, another
 Tiles that divide the weight with no empty slice (``EVEN``) load unmasked, which keeps the
 tile held across the wait to its own registers (``gemv.load_weight``).
 
-A config is ``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)``. ``CONFIGS`` and
-``SILU_MUL_CONFIGS`` are keyed by ``(N, K, m_bucket)`` (the weight's shape, ``[2d, K]`` for
-``silu_mul``) and hold only tiles ``kernels/bench_skinny_gemm.py`` measured on the H200;
-``DEFAULT`` serves other shapes when called directly.
+A config is ``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)``. ``configs(device)``
+(and ``configs(device, silu_mul=True)``) is the device's table keyed by ``(N, K, m_bucket)``
+(the weight's shape, ``[2d, K]`` for ``silu_mul``) of the tiles measured faster than cuBLAS
+there (``tuning.py``: JSON per GPU, written by ``kernels/bench_skinny_gemm.py`` and
+``kernels/bench_decode_chain.py``); ``DEFAULT`` serves other shapes when called directly.
+A bucket's rows pad to its top, so the kernel's time is flat inside it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 
 import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import pdl, precise_math
+from tokenspeed_kernels import pdl, precise_math, tuning
 from tokenspeed_kernels.activation import silu_mul
 from tokenspeed_kernels.gemv import load_weight
 
@@ -190,41 +193,16 @@ def _split_k_sum_kernel(
     tl.store(Y + row * stride_ym + offs, y, mask=mask)
 
 
-# (N, K, m_bucket) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages). Entries come only
-# from kernels/bench_skinny_gemm.py on the H200 (bench/results/skinny-gemm-h200-session5.json,
-# run at M = 2, 4, 8, 16, 32, 64): the winners of a bucket's tile search that matched F.linear
-# and beat cuBLAS at every measured M of the bucket (us: ours vs cuBLAS at each M measured in
-# the bucket: 2/4/8/16, 32 or 64). A bucket's rows pad to its top, so the kernel's time is
-# flat inside it. The two 64-row entries marked "chain" were picked later with PDL on, in a
-# decoder-layer chain at 64 rows and then the model's decode graph (docs/performance.md,
-# eleventh pass): alone each is a tie or a loss, between a norm and attention they win.
-CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
-    (6144, 4096, 16): (64, 256, 1, 4, 4),  # qkv: 14.5/14.6/14.7/14.8 vs 15.4/15.3/15.5/15.7
-    (6144, 4096, 32): (64, 256, 1, 4, 4),  # qkv: 15.3 vs 16.0
-    (6144, 4096, 64): (64, 128, 1, 4, 5),  # qkv, chain: alone 16.4 vs 16.1
-    (4096, 4096, 16): (64, 128, 2, 4, 5),  # o_proj: 11.7/11.8/11.9/12.0 vs 13.5/13.7/13.3/12.7
-    (4096, 4096, 32): (64, 128, 2, 4, 5),  # o_proj: 12.5 vs 14.1
-    (28672, 4096, 64): (128, 128, 1, 4, 4),  # gate_up: 62.3 vs 62.7
-    (4096, 14336, 16): (64, 128, 4, 4, 4),  # down: 31.4/31.5/31.8/32.1 vs 32.5/32.5/32.6/33.2
-    (4096, 14336, 32): (64, 256, 2, 4, 4),  # down: 32.5 vs 34.1
-    (4096, 14336, 64): (64, 128, 2, 4, 5),  # down, chain (alone, 4 stages: 35.4 vs 36.6)
-    # qwen3 gate_up: 48.5/48.6/48.9/49.2 vs 49.6/49.8/54.2/50.5
-    (24576, 4096, 16): (64, 64, 1, 4, 5),
-    (24576, 4096, 32): (64, 64, 1, 4, 5),  # qwen3 gate_up: 50.4 vs 51.0
-    (4096, 12288, 16): (64, 128, 4, 4, 3),  # qwen3 down: 28.0/28.1/28.3/28.6 vs 30.6/30.5/30.7/29.4
-    (4096, 12288, 32): (64, 256, 2, 4, 4),  # qwen3 down: 28.8 vs 30.5
-    (4096, 12288, 64): (64, 128, 2, 4, 5),  # qwen3 down: 30.5 vs 32.7
-}
-# The same for ``silu_mul=True``, keyed by the weight's [2d, K], against cuBLAS followed by
-# ``silu_and_mul`` (``--silu-mul``, skinny-gemm-silu-mul-h200-session5.json); BLOCK_N counts
-# the features of one half. Llama's gate_up at M <= 16 won no bucket: it stays cuBLAS.
-SILU_MUL_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
-    (28672, 4096, 32): (64, 128, 1, 4, 4),  # gate_up: 59.9 vs 61.5
-    (28672, 4096, 64): (64, 128, 1, 4, 4),  # gate_up: 64.0 vs 66.2
-    # qwen3 gate_up: 50.4/50.5/50.2/50.3 vs 52.0/52.1/57.2/52.9
-    (24576, 4096, 16): (32, 128, 1, 4, 3),
-}
-DEFAULT = (32, 128, 1, 4, 3)  # shapes not measured, when called directly
+DEFAULT = (32, 128, 1, 4, 3)  # shapes not in a table, when called directly
+
+
+def configs(
+    device: torch.device | None = None, silu_mul: bool = False
+) -> Mapping[tuple[int, int, int], tuple[int, int, int, int, int]]:
+    """``device``'s (N, K, m_bucket) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages);
+    with ``silu_mul`` the fused epilogue's, keyed by the weight's [2d, K], BLOCK_N counting
+    the features of one half. Empty where not measured."""
+    return tuning.table("skinny_gemm_silu_mul" if silu_mul else "skinny_gemm", device)
 
 
 def _peels(x, block_m, block_n, block_k, num_stages, silu_mul) -> bool:
@@ -247,7 +225,7 @@ def _shared_memory(device_index: int | None) -> int:
 
 
 def m_bucket(m: int) -> int:
-    """BLOCK_M for M rows, the last key of ``CONFIGS``: 16, 32 or 64."""
+    """BLOCK_M for M rows, the last field of a ``configs`` key: 16, 32 or 64."""
     return max(16, triton.next_power_of_2(m))
 
 
@@ -268,10 +246,8 @@ def skinny_gemm(
     assert not silu_mul or (bias is None and rows % 2 == 0)
     n = rows // 2 if silu_mul else rows
     block_m = m_bucket(m)
-    configs = SILU_MUL_CONFIGS if silu_mul else CONFIGS
-    block_n, block_k, split_k, num_warps, num_stages = config or configs.get(
-        (rows, k, block_m), DEFAULT
-    )
+    config = config or configs(x.device, silu_mul).get((rows, k, block_m), DEFAULT)
+    block_n, block_k, split_k, num_warps, num_stages = config
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     out = y

@@ -49,6 +49,18 @@ class EngineArgs:
     chat_template: str | None = None  # a file or an inline jinja template
     grammar_backend: str = "xgrammar"  # structured output: xgrammar | none
     grammar_compile_timeout_secs: float = 30.0
+    # RL control operations and operators' tools
+    enable_memory_saver: bool = False  # CUDA: weights and KV cache in CUDA virtual memory
+    weight_version: str = "default"  # the weights' version until an update names another
+    kv_events_endpoint: str | None = None  # ZMQ PUB endpoint of the KV-cache events
+    kv_events_replay_endpoint: str | None = None  # its replay ROUTER (default: PUB port + 1)
+    kv_events_queue_size: int = 10_000  # batches waiting to be sent before new ones drop
+    log_batch_interval: int = 0  # log a batch line every N forward rounds (0: off)
+    log_request_stats: bool = False  # one log line per finished request
+    enable_async_logging: bool = False  # log records go through a bounded lossy queue
+    enable_trace: bool = False  # OpenTelemetry spans per request
+    trace_provider: str | None = None  # a registered provider of (trace id, parent span)
+    otlp_traces_endpoint: str | None = None  # export spans over OTLP (else: the log)
     # Sampling defaults for fields a request leaves unset: "auto" (the checkpoint's
     # generation_config.json), "vllm" (none: the API's own defaults) or a directory.
     generation_config: str = "auto"
@@ -114,6 +126,14 @@ class EngineArgs:
             f"must be one of {', '.join(GRAMMAR_BACKENDS)}",
         )
         check(self.grammar_compile_timeout_secs > 0, "grammar_compile_timeout_secs", "must be > 0")
+        if self.kv_events_endpoint is not None:
+            check(
+                self.kv_events_endpoint.startswith(("tcp://", "ipc://", "inproc://")),
+                "kv_events_endpoint",
+                "must be a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH)",
+            )
+        check(self.kv_events_queue_size >= 1, "kv_events_queue_size", "must be >= 1")
+        check(self.log_batch_interval >= 0, "log_batch_interval", "must be >= 0")
         if isinstance(self.served_model_name, list):
             check(
                 bool(self.served_model_name) and all(self.served_model_name),
@@ -176,6 +196,24 @@ ENGINE_HELP = {
     "chat_template": "a jinja chat template, or a file holding one (default: the tokenizer's)",
     "grammar_backend": "structured output (json_schema, regex, ebnf): xgrammar or none",
     "grammar_compile_timeout_secs": "a grammar not compiled within this fails its request",
+    "enable_memory_saver": "GPU: keep the weights and KV cache in CUDA virtual memory, so "
+    "/release_memory_occupation gives their memory back and CUDA graphs survive it",
+    "weight_version": "the weights' version reported until a weight update sets another",
+    "kv_events_endpoint": "publish KV-cache events (vLLM's msgpack batches) on this ZMQ PUB "
+    "endpoint, e.g. tcp://*:5557 (attention-DP replica r: port + 2r)",
+    "kv_events_replay_endpoint": "the KV events' replay ROUTER endpoint (default: PUB port + 1)",
+    "kv_events_queue_size": "KV-event batches queued for the publisher thread; more are "
+    "dropped (and counted)",
+    "log_batch_interval": "log a line every N forward rounds: running, waiting, tokens, "
+    "throughput, cache hit rate, KV usage (0: off)",
+    "log_request_stats": "log one line per finished request (tokens, queue time, TTFT, latency)",
+    "enable_async_logging": "log through a bounded, lossy queue drained by a thread, so a "
+    "slow log stream never stalls a round",
+    "enable_trace": "trace requests with OpenTelemetry (spans: queue, prefill, decode, finish)",
+    "trace_provider": "a registered trace provider (register_trace_provider) mapping request "
+    "ids to (trace id, parent span id); implies --enable-trace",
+    "otlp_traces_endpoint": "export the spans over OTLP to this endpoint (needs "
+    "opentelemetry-exporter-otlp); implies --enable-trace",
     "generation_config": "sampling defaults for fields a request leaves unset: auto (the "
     "checkpoint's generation_config.json), vllm (none), or a directory holding one",
     "enable_deterministic_inference": "batch-invariant matmul, attention and sampling: a "

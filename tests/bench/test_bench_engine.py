@@ -24,7 +24,7 @@ TINY = {
         max_output=16,
     ),
     "latency": dict(input_len=8, output_len=8, batch=4, num_requests=8),
-    "agentic-prefix": dict(sessions=3, turns=3, turn_tokens=12, reply_tokens=6),
+    "agentic-prefix": dict(conversations=3, turns=3, turn_tokens=12, reply_tokens=6),
     "overhead": dict(input_len=8, output_len=8, concurrency=[2, 16]),
 }
 
@@ -81,7 +81,7 @@ async def test_workload_runs_in_process_with_sane_numbers(name, tiny_engine_args
 
 async def test_agentic_turns_hit_the_prefix_cache(tiny_engine_args, tiny_tokens):
     workload = workloads.agentic_prefix(
-        tiny_tokens, sessions=2, turns=3, turn_tokens=16, reply_tokens=8
+        tiny_tokens, conversations=2, turns=3, turn_tokens=16, reply_tokens=8
     )
     doc = await bench_document(tiny_engine_args, tiny_tokens, workload)
     turns = doc["runs"][0]["prefix_cache_by_turn"]

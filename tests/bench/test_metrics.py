@@ -6,7 +6,7 @@ import pytest
 
 from tokenspeed_aio.bench import metrics
 from tokenspeed_aio.bench.runner import RequestRecord, RunResult
-from tokenspeed_aio.bench.workloads import Run, Session, Turn
+from tokenspeed_aio.bench.workloads import Conversation, Run, Turn
 from tokenspeed_aio.control.round_stats import RoundSample
 
 
@@ -28,7 +28,7 @@ def test_ttft_tpot_itl_follow_the_serving_conventions():
 
 
 def test_run_summary_counts_tokens_throughput_and_cache_hits():
-    run = Run("c=2", [Session([Turn([1] * 10, 4)])] * 2, 2)
+    run = Run("c=2", [Conversation([Turn([1] * 10, 4)])] * 2, 2)
     ok = record(0.0, [0.5, 1.0], [2, 2], cached=4)
     failed = RequestRecord(1, 0, 10, 4, error="boom")
     m = metrics.summarize(RunResult(run, [ok, failed], 2.0, None))

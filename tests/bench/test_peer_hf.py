@@ -34,8 +34,8 @@ def test_generate_batch_greedy_matches_generate(tiny_dir, tiny_tokens):
     model = peer_hf.load_model(tiny_dir, "float32", "cpu", random_init=False)
     run = workloads.fixed(tiny_tokens, input_len=9, output_len=8, concurrency=[3]).runs[0]
     batch = peer_hf.run_peer(model, run, max_batch_tokens=128)["output_ids"]
-    for session, got in zip(run.sessions, batch):
-        ids = torch.tensor([session.turns[0].new_ids])
+    for conversation, got in zip(run.conversations, batch):
+        ids = torch.tensor([conversation.turns[0].new_ids])
         ref = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),

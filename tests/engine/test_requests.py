@@ -285,18 +285,3 @@ async def test_rejected_submission_batch_fails_its_requests_only(ckpt, start_eng
         pass
     assert len(out.token_ids) == 20
     engine.frontend.streams.clear()
-
-
-async def test_kv_events_reach_subscribers_once_per_round(ckpt, start_engine):
-    from tokenspeed_aio.scheduler.kv_events import BlockStored
-
-    engine = await start_engine(ckpt("llama"), page_size=4)
-    batches: list[list] = []
-    engine.control_loop.kv_events.subscribe(batches.append)
-    await final(engine, list(range(10, 30)), max_tokens=2)  # 20 prompt tokens: 5 full blocks
-    stored = [e for batch in batches for e in batch if isinstance(e, BlockStored)]
-    assert [e.token_ids for e in stored[:5]] == [
-        tuple(range(10 + 4 * i, 14 + 4 * i)) for i in range(5)
-    ]
-    assert stored[1].parent_hash == stored[0].block_hash
-    assert all(batch for batch in batches)  # a round with no change publishes nothing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from paged_runner import PagedRunner
 from transformers import AutoModelForCausalLM
 
@@ -64,7 +65,7 @@ def test_cuda_bf16_load_gives_finite_logits(checkpoint, load_format):
 
 @pytest.mark.parametrize("shape", ["llama-8b", "qwen3-8b"])
 def test_batch1_decode_with_norms_fused_into_the_projections_matches_unfused(monkeypatch, shape):
-    # Two layers of the 8B shape, so its projections in NORM_CONFIGS take the fused path;
+    # Two layers of the 8B shape, so its projections in the norm table take the fused path;
     # random norm weights so the norm's scale matters. The same prompt and teacher-forced decode tokens
     # run with the fused batch-1 path and with it disabled (an empty table).
     from tokenspeed_kernels import gemv
@@ -97,17 +98,20 @@ def test_batch1_decode_with_norms_fused_into_the_projections_matches_unfused(mon
 
     layer = model.model.layers[0]
     fusable = [
-        key in gemv.NORM_CONFIGS
+        key in gemv.norm_configs(device)
         for key in (
             (*layer.self_attn.qkv_proj.weight.shape, False),
             (*layer.mlp.gate_up_proj.weight.shape, True),
         )
     ]
-    assert any(fusable), "the test needs at least one fused projection"
+    if not any(fusable):
+        from tokenspeed_kernels import tuning
+
+        pytest.skip(f"{tuning.device_name_of(device)} has no norm table entry for {shape}")
     fused = decode_logits()
     per_step = sum(fusable) * config.num_hidden_layers
     assert len(calls) == per_step * len(tokens)
-    monkeypatch.setattr(gemv, "NORM_CONFIGS", {})
+    monkeypatch.setattr(gemv, "norm_configs", lambda device=None: {})
     unfused = decode_logits()
     assert len(calls) == per_step * len(tokens)
     # The fused prologue skips two bf16 roundings of the normed input: ~0.06 of logits whose
@@ -117,3 +121,50 @@ def test_batch1_decode_with_norms_fused_into_the_projections_matches_unfused(mon
     top2 = unfused.topk(2, dim=-1).values
     clear = top2[:, 0] - top2[:, 1] > 2 * tol  # greedy picks the noise cannot flip
     assert torch.equal(fused.argmax(-1)[clear], unfused.argmax(-1)[clear])
+
+
+def test_products_on_a_gpu_without_tables_run_cublas(monkeypatch):
+    # A GPU whose name has no table files: every product the H200 sends to a Triton kernel
+    # -- batch 1 with the norm prologue or the SwiGLU epilogue, 16 rows -- is F.linear.
+    from types import SimpleNamespace
+
+    from tokenspeed_kernels import gemv, gemv_rope_kv, skinny_gemm, tuning
+
+    from tokenspeed_aio.model.layers.activation import silu_and_mul
+    from tokenspeed_aio.model.layers.norm import RMSNorm
+    from tokenspeed_aio.model.ops import products
+
+    def not_called(*args, **kwargs):
+        raise AssertionError("a Triton product ran without a table")
+
+    for module, name in ((gemv, "gemv"), (gemv, "norm_gemv"), (skinny_gemm, "skinny_gemm")):
+        monkeypatch.setattr(module, name, not_called)
+    monkeypatch.setattr(gemv_rope_kv, "norm_gemv_rope_kv", not_called)
+    monkeypatch.setenv(tuning.DEVICE_NAME_ENV, "Some_Other_GPU")
+    tuning.clear_cache()
+    try:
+        device = torch.device("cuda")
+        gen = torch.Generator().manual_seed(0)
+
+        def rand(*size):
+            return torch.randn(*size, generator=gen).to(device, torch.bfloat16)
+
+        qkv, gate_up = rand(6144, 4096) / 64, rand(28672, 4096) / 64
+        norm = RMSNorm(4096).to(device, torch.bfloat16)
+        norm.weight.data.fill_(1.0)
+        for rows in (1, 16):
+            x = rand(rows, 4096)
+            assert torch.equal(products.linear(x, qkv), F.linear(x, qkv))
+            want = silu_and_mul(F.linear(x, gate_up))
+            assert torch.equal(products.linear(x, gate_up, act_silu_mul=True), want)
+        x, residual = rand(1, 4096), rand(1, 4096)
+        y, h = products.norm_linear(norm, x, residual, qkv)
+        normed, h_want = norm(x, residual)
+        assert torch.equal(h, h_want) and torch.equal(y, F.linear(normed, qkv))
+        cos_sin = torch.zeros(64, 128, device=device)
+        cache = torch.zeros(4, 16, 8, 128, device=device, dtype=torch.bfloat16)
+        rope = (SimpleNamespace(cos_sin_cache=cos_sin), torch.zeros(1, device=device))
+        kv = SimpleNamespace(k_cache=cache, v_cache=cache, slot_mapping=None, rope=rope)
+        assert products.norm_linear_rope_kv(norm, x, residual, qkv, None, kv) is None
+    finally:
+        tuning.clear_cache()  # the next lookup reads the restored environment

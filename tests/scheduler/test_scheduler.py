@@ -1,21 +1,34 @@
-"""The scheduler driven by a model-free device: tokens must equal a direct reference
-under chunked prefill, prefix caching, retraction, aborts and in-flight depth 0/1."""
+"""The scheduler alone, vLLM-style: no device and no event loop. A test builds a
+Scheduler, calls ``next_execution_plan()``, hands it a made-up commit
+(``advance([ForwardCommitted(...), RequestFinished(...)])``) and asserts on what it
+scheduled: rows, blocks, retractions, aborts, KV events.
+
+The round's behaviour -- the tokens under chunked prefill, prefix hits, retraction,
+aborts and in-flight depth -- is tested through the real EventLoop over the sim data
+plane, in tests/control/test_round_*.py.
+"""
 
 from __future__ import annotations
 
-import random
-from collections import deque
-
 import pytest
-from helpers.sim_device import SimDevice, reference
 
 from tokenspeed_aio.sampling_params import SamplingParams
-from tokenspeed_aio.scheduler.kv_events import BlockRemoved, BlockStored
-from tokenspeed_aio.scheduler.plan import ForwardCommitted, RequestFinished
-from tokenspeed_aio.scheduler.request import Request
+from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardCommitted, RequestFinished
+from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig, SubmissionRejected
 
-EOS = 5
+
+def make_scheduler(**config) -> Scheduler:
+    cfg = dict(
+        num_blocks=64,
+        page_size=4,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=512,
+        enable_prefix_caching=True,
+    )
+    cfg.update(config)
+    return Scheduler(SchedulerConfig(**cfg))
 
 
 def make_request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
@@ -23,298 +36,262 @@ def make_request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
     return Request(rid, prompt, params, seed=0, max_output=max_tokens)
 
 
-class Driver:
-    """A minimal round: plan, dispatch, commit down to the depth, finish on max/eos."""
-
-    def __init__(self, depth: int = 0, eos: int | None = None, **config) -> None:
-        cfg = dict(
-            num_blocks=64,
-            page_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
-            max_model_len=512,
-            enable_prefix_caching=True,
-        )
-        cfg.update(config)
-        self.sched = Scheduler(SchedulerConfig(**cfg))
-        self.device = SimDevice(cfg["num_blocks"], cfg["page_size"], cfg["max_num_seqs"])
-        self.depth = depth
-        self.eos = eos
-        self.inflight: deque = deque()
-        self.outputs: dict[str, list[int]] = {}
-        self.limits: dict[str, int] = {}
-        self.finished: set[str] = set()
-        self.plans = []
-
-    def submit(self, rid: str, prompt: list[int], max_tokens: int) -> None:
-        self.sched.submit([make_request(rid, prompt, max_tokens)])
-        self.outputs[rid] = []
-        self.limits[rid] = max_tokens
-
-    def round(self) -> None:
-        plan = self.sched.next_execution_plan()
-        self.plans.append(plan)
-        events = []
-        for abort in plan.aborts:
-            self.finished.add(abort.rid)
-        if plan.needs_device():
-            self.inflight.append((plan, self.device.execute(plan)))
-        depth = self.depth if plan.needs_device() else 0
-        while len(self.inflight) > depth:
-            plan_done, result = self.inflight.popleft()
-            accepted, ended = [], []
-            for row, tok in zip(plan_done.sample_rows, result.tokens):
-                if row.rid in self.finished:
-                    accepted.append(None)
-                    continue
-                accepted.append(tok)
-                out = self.outputs[row.rid]
-                out.append(tok)
-                if len(out) >= self.limits[row.rid] or tok == self.eos:
-                    self.finished.add(row.rid)
-                    ended.append(RequestFinished(row.rid))
-            events.append(ForwardCommitted(plan_done.plan_id, accepted))
-            events.extend(ended)
-        self.sched.advance(events)
-
-    def run(self, max_rounds: int = 2000) -> None:
-        for _ in range(max_rounds):
-            if not self.sched.has_work():
-                return
-            self.round()
-        raise AssertionError(f"did not drain: {self.sched.requests}")
+def submit(sched: Scheduler, rid: str, prompt: list[int], max_tokens: int = 16) -> Request:
+    req = make_request(rid, prompt, max_tokens)
+    sched.submit([req])
+    return req
 
 
-def prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(97) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+def commit(sched: Scheduler, plan: ExecutionPlan, *tokens: int, finished=()) -> None:
+    """A made-up commit of ``plan``: ``tokens`` for its sampling rows (1 for each row not
+    given one), then the requests the output processor would have ended."""
+    sampled = list(tokens) + [1] * (len(plan.sample_rows) - len(tokens))
+    events = [ForwardCommitted(plan.plan_id, sampled), *map(RequestFinished, finished)]
+    sched.advance(events)
 
 
-@pytest.mark.parametrize("depth", [0, 1])
-@pytest.mark.parametrize("caching", [True, False])
-@pytest.mark.parametrize("budget", [64, 7])
-def test_tokens_match_reference(depth, caching, budget):
-    d = Driver(depth=depth, enable_prefix_caching=caching, max_num_batched_tokens=budget)
-    ps = prompts(10)
-    for i, p in enumerate(ps):
-        d.submit(f"r{i}", p, max_tokens=12)
-    d.run()
-    for i, p in enumerate(ps):
-        assert d.outputs[f"r{i}"] == reference(p, 12), i
-    d.sched.check_idle()
+def shape(plan: ExecutionPlan) -> list[tuple[str, int, int, bool]]:
+    return [(r.rid, r.start, r.num_tokens, r.sample) for r in plan.rows]
 
 
-@pytest.mark.parametrize("depth", [0, 1])
-def test_eos_finishes_and_extra_inflight_token_is_dropped(depth):
-    d = Driver(depth=depth, eos=EOS)
-    ps = prompts(12, seed=3)
-    for i, p in enumerate(ps):
-        d.submit(f"r{i}", p, max_tokens=60)
-    d.run()
-    for i, p in enumerate(ps):
-        assert d.outputs[f"r{i}"] == reference(p, 60, eos=EOS)
-    d.sched.check_idle()
-
-
-@pytest.mark.parametrize("depth", [0, 1])
-def test_retraction_recomputes_with_identical_output(depth):
-    # 13 usable blocks of 4 tokens cannot hold 6 requests growing to ~50 tokens each.
-    d = Driver(depth=depth, num_blocks=14, max_num_seqs=6)
-    ps = prompts(6, seed=7, lo=5, hi=20)
-    for i, p in enumerate(ps):
-        d.submit(f"r{i}", p, max_tokens=30)
-    d.run()
-    assert sum(p.num_retracted for p in d.plans) > 0, "the pool was meant to be too small"
-    for i, p in enumerate(ps):
-        assert d.outputs[f"r{i}"] == reference(p, 30), i
-    d.sched.check_idle()
-
-
-def test_prefix_hit_reuses_blocks_and_counts_cached_tokens():
-    d = Driver()
-    shared = list(range(10, 30))  # 20 tokens = 5 full blocks
-    d.submit("a", shared + [1, 2, 3], max_tokens=4)
-    d.run()
-    d.submit("b", shared + [7, 8], max_tokens=4)
-    d.round()
-    assert d.sched.requests["b"].num_cached_tokens == 20
-    first_b_row = d.plans[-1].rows[0]
-    assert first_b_row.start == 20 and first_b_row.num_tokens == 2
-    d.run()
-    assert d.outputs["b"] == reference(shared + [7, 8], 4)
-    d.sched.check_idle()
-
-
-def test_fully_cached_prompt_recomputes_last_token():
-    d = Driver()
-    p = list(range(40, 56))  # exactly 4 blocks
-    d.submit("a", p, max_tokens=2)
-    d.run()
-    d.submit("b", p, max_tokens=2)
-    d.round()
-    row = d.plans[-1].rows[0]
-    assert (row.start, row.num_tokens) == (12, 4)  # the last block is recomputed
-    d.run()
-    assert d.outputs["b"] == d.outputs["a"]
-
-
-@pytest.mark.parametrize("depth", [0, 1])
-def test_abort_in_every_state(depth):
-    d = Driver(depth=depth, max_num_batched_tokens=8, max_num_seqs=2)
-    ps = prompts(4, seed=11, lo=20, hi=30)
-    for i, p in enumerate(ps):
-        d.submit(f"r{i}", p, max_tokens=20)
-    d.round()  # r0 mid-prefill, others waiting
-    d.sched.advance_head(["r3"])  # waiting
-    d.sched.advance_head(["r0"])  # running, chunk in flight at depth 1
-    d.finished |= {"r3", "r0"}
-    for _ in range(8):
-        d.round()
-    d.sched.advance_head(["r1"])  # decoding
-    d.finished.add("r1")
-    d.run()
-    assert d.outputs["r2"] == reference(ps[2], 20)
-    d.sched.check_idle()
-
-
-def test_id_held_until_inflight_forward_commits():
-    d = Driver(depth=1)
-    d.submit("a", [1, 2, 3], max_tokens=50)
-    for _ in range(4):
-        d.round()
-    d.sched.advance([RequestFinished("a")])
-    d.finished.add("a")
-    assert d.sched.holds("a")  # its last forward is still in flight
-    d.round()  # commits it; "a" is released
-    assert not d.sched.holds("a")
-    d.sched.check_idle()
-
-
-def test_submission_batch_rejected_whole():
-    """The scheduler checks what only the rank knows (its KV capacity, the ids it holds);
-    one bad request refuses the whole batch."""
-    d = Driver(num_blocks=5)  # 4 usable blocks = 16 tokens
-    good = make_request("ok", [1, 2, 3], 4)
-    bad = make_request("long", list(range(17)), 4)
-    with pytest.raises(SubmissionRejected, match="needs 5 KV blocks"):
-        d.sched.submit([good, bad])
-    assert not d.sched.holds("ok")
-    with pytest.raises(SubmissionRejected, match="already in use"):
-        d.sched.submit([make_request("x", [1], 4), make_request("x", [2], 4)])
-
-
-def test_prompt_larger_than_cache_is_rejected():
-    d = Driver(num_blocks=5)  # 4 usable blocks = 16 tokens
-    with pytest.raises(SubmissionRejected, match="needs 5 KV blocks"):
-        d.sched.submit([make_request("big", list(range(17)), 1)])
-
-
-def test_request_outgrowing_cache_is_aborted_in_plan():
-    d = Driver(num_blocks=5)  # 16 tokens of KV
-    d.submit("grow", list(range(10)), max_tokens=100)
-    d.run()
-    aborts = [a for p in d.plans for a in p.aborts]
-    assert [a.rid for a in aborts] == ["grow"] and "KV cache holds (16)" in aborts[0].message
-    assert len(d.outputs["grow"]) == 16 - 10 + 1  # the token after the last KV position
-    d.sched.check_idle()
-
-
-@pytest.mark.parametrize("caching", [True, False])
-def test_victim_outgrowing_cache_is_aborted_not_retracted(caching):
-    # 3 usable blocks of 2 tokens. "big" fills all 3 with its 6-token prompt and samples
-    # a 7th token; "small" (older) then needs a block for its decode. Retracted, "big"
-    # could never return (7 tokens need 4 blocks), and with its prompt cached it used to
-    # block the head of the waiting queue forever.
-    d = Driver(
-        num_blocks=4,
-        page_size=2,
-        max_num_seqs=3,
-        max_num_batched_tokens=6,
-        enable_prefix_caching=caching,
-    )
-    d.submit("small", [0, 3], max_tokens=2)
-    d.submit("one", [0, 3, 6, 9], max_tokens=1)
-    d.submit("big", [0, 3, 6, 9, 12, 15], max_tokens=2)
-    d.run()
-    aborts = [a for p in d.plans for a in p.aborts]
-    assert [a.rid for a in aborts] == ["big"]
-    assert "grew to 7 tokens" in aborts[0].message and "KV cache holds (6)" in aborts[0].message
-    assert sum(p.num_retracted for p in d.plans) == 0  # aborted, not retracted
-    assert d.outputs["small"] == reference([0, 3], 2)
-    assert d.outputs["one"] == reference([0, 3, 6, 9], 1)
-    assert d.outputs["big"] == reference([0, 3, 6, 9, 12, 15], 1)
-    d.sched.check_idle()
-
-
-def test_request_retracted_in_flight_then_outgrowing_cache_is_aborted_at_admission():
-    # 4 usable blocks of 1 token, depth 1. "b" fills all 4 with its prompt; "a" (older)
-    # needs a block, so "b" is retracted while its first token is still in flight. When
-    # that token lands "b" holds 5 tokens: more than the pool. With its prompt cached,
-    # admission used to wait for blocks forever; it must end with a planned abort.
-    d = Driver(depth=1, num_blocks=5, page_size=1, max_num_seqs=2, max_num_batched_tokens=7)
-    d.submit("a", [0, 3], max_tokens=6)
-    d.submit("b", [0, 3, 6, 9], max_tokens=5)
-    d.run()
-    assert sum(p.num_retracted for p in d.plans) == 1
-    aborts = {a.rid: a.message for p in d.plans for a in p.aborts}
-    assert set(aborts) == {"a", "b"}  # "a" too outgrows the pool, at 5 tokens
-    assert "grew to 5 tokens" in aborts["b"] and "KV cache holds (4)" in aborts["b"]
-    assert d.outputs["b"] == reference([0, 3, 6, 9], 1)
-    assert d.outputs["a"] == reference([0, 3], 6)[: len(d.outputs["a"])]
-    d.sched.check_idle()
-
-
-def test_max_num_seqs_and_token_budget_respected():
-    d = Driver(max_num_seqs=3, max_num_batched_tokens=10)
-    for i, p in enumerate(prompts(8, seed=5)):
-        d.submit(f"r{i}", p, max_tokens=5)
-    while d.sched.has_work():
-        d.round()
-        plan = d.plans[-1]
-        assert len(plan.rows) <= 3
-        assert plan.num_tokens <= 10
-        assert len(d.sched.running) <= 3
-    d.sched.check_idle()
+def test_chunked_prefill_under_the_token_budget():
+    sched = make_scheduler(max_num_batched_tokens=7)
+    prompt = list(range(100, 117))  # 17 tokens: 5 blocks
+    a = submit(sched, "a", prompt)
+    # Chunks do not wait for commits (as at depth 1): each plan continues the last.
+    chunks = [sched.next_execution_plan() for _ in range(3)]
+    assert [shape(p) for p in chunks] == [
+        [("a", 0, 7, False)],
+        [("a", 7, 7, False)],
+        [("a", 14, 3, True)],
+    ]
+    assert [p.num_tokens for p in chunks] == [7, 7, 3]
+    assert [r.token_ids for p in chunks for r in p.rows] == [
+        prompt[0:7],
+        prompt[7:14],
+        prompt[14:17],
+    ]
+    # Blocks are appended as the chunks reach them; the device table is their concatenation.
+    new = [(r.block_offset, r.new_block_ids) for p in chunks for r in p.rows]
+    assert [(offset, len(ids)) for offset, ids in new] == [(0, 2), (2, 2), (4, 1)]
+    assert [b for _, ids in new for b in ids] == a.block_ids
+    assert chunks[0].rows[0].new_owner is not None and chunks[1].rows[0].new_owner is None
+    for p in chunks:
+        commit(sched, p, 9)
+    (decode,) = sched.next_execution_plan().rows
+    assert (decode.start, decode.num_tokens, decode.token_ids) == (17, 1, None)
+    assert decode.new_block_ids == () and decode.output_index == 1
+    assert a.token_ids == [*prompt, 9]
 
 
 def test_decodes_first_and_read_future_tokens():
-    d = Driver(depth=1)
-    d.submit("a", [1, 2, 3, 4, 5], max_tokens=5)
-    d.round()
-    d.submit("b", [6, 7], max_tokens=5)
-    d.round()
-    rows = d.plans[-1].rows
+    sched = make_scheduler()
+    submit(sched, "a", [1, 2, 3, 4, 5], max_tokens=5)
+    sched.next_execution_plan()  # in flight, not committed (depth 1)
+    submit(sched, "b", [6, 7], max_tokens=5)
+    rows = sched.next_execution_plan().rows
     assert [r.rid for r in rows] == ["a", "b"]
     assert rows[0].token_ids is None and rows[0].num_tokens == 1  # device-side input
     assert rows[1].token_ids == [6, 7] and rows[1].new_owner is not None
 
 
-def test_kv_events_net_per_round():
-    d = Driver(num_blocks=6)  # 5 usable blocks
-    d.submit("a", list(range(8)), max_tokens=1)  # 2 full blocks cached
-    d.run()
-    stored = d.sched.drain_kv_events()
-    assert [type(e) for e in stored] == [BlockStored, BlockStored]
-    d.submit("b", list(range(50, 70)), max_tokens=1)  # needs 5 blocks: evicts both
-    d.run()
-    events = d.sched.drain_kv_events()
-    assert sum(isinstance(e, BlockRemoved) for e in events) == 2
-    assert d.sched.drain_kv_events() == []
+def test_a_request_is_not_scheduled_past_its_max_output():
+    sched = make_scheduler()
+    submit(sched, "a", [1, 2, 3], max_tokens=2)
+    p0, p1 = sched.next_execution_plan(), sched.next_execution_plan()
+    assert shape(p0) == [("a", 0, 3, True)] and shape(p1) == [("a", 3, 1, True)]
+    assert not sched.next_execution_plan().rows  # both outputs are being sampled
+    commit(sched, p0)
+    assert not sched.next_execution_plan().rows
+    commit(sched, p1, finished=["a"])
+    sched.check_idle()
+
+
+def test_max_num_seqs_bounds_the_running_set_and_slots_are_reused():
+    sched = make_scheduler(max_num_seqs=2)
+    for rid in "abc":
+        submit(sched, rid, [1, 2, 3])
+    p0 = sched.next_execution_plan()
+    assert [r.rid for r in p0.rows] == ["a", "b"] and [r.rid for r in sched.waiting] == ["c"]
+    slot_a = p0.rows[0].slot
+    assert {r.slot for r in p0.rows} == {0, 1}
+    commit(sched, p0, finished=["a"])
+    p1 = sched.next_execution_plan()
+    assert shape(p1) == [("b", 3, 1, True), ("c", 0, 3, True)]
+    assert p1.rows[1].slot == slot_a
+    commit(sched, p1, finished=["b", "c"])
+    sched.check_idle()
+
+
+def test_prefix_hit_reuses_blocks_and_counts_cached_tokens():
+    sched = make_scheduler()
+    shared = list(range(10, 30))  # 20 tokens = 5 full blocks
+    a = submit(sched, "a", [*shared, 1, 2, 3], max_tokens=4)
+    p = sched.next_execution_plan()
+    a_blocks = list(a.block_ids)
+    commit(sched, p, finished=["a"])
+    assert sched.pool.num_active == 0  # freed, but its full blocks stay cached
+    b = submit(sched, "b", [*shared, 7, 8], max_tokens=4)
+    (row,) = sched.next_execution_plan().rows
+    assert b.num_cached_tokens == 20
+    assert (row.start, row.num_tokens, row.token_ids) == (20, 2, [7, 8])
+    assert b.block_ids[:5] == a_blocks[:5] and row.new_block_ids == tuple(b.block_ids)
+    assert row.new_owner is not None
+
+
+def test_fully_cached_prompt_recomputes_last_token():
+    sched = make_scheduler()
+    p = list(range(40, 56))  # exactly 4 blocks
+    a = submit(sched, "a", p, max_tokens=2)
+    plan = sched.next_execution_plan()
+    a_blocks = list(a.block_ids)
+    commit(sched, plan, finished=["a"])
+    b = submit(sched, "b", p, max_tokens=2)
+    (row,) = sched.next_execution_plan().rows
+    assert (row.start, row.num_tokens) == (12, 4)  # the last block is recomputed
+    assert b.block_ids[:3] == a_blocks[:3] and b.block_ids[3] != a_blocks[3]
+    assert b.num_cached_tokens == 12
+
+
+def test_prompt_logprobs_skip_the_prefix_cache():
+    sched = make_scheduler()
+    p = list(range(40, 56))
+    plan = (submit(sched, "a", p), sched.next_execution_plan())[1]
+    commit(sched, plan, finished=["a"])
+    sched.submit([make_request("b", p, 2, prompt_logprobs=0)])
+    (row,) = sched.next_execution_plan().rows
+    assert (row.start, row.num_tokens) == (0, 16) and row.prompt_logprob_targets == p[1:]
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_retraction_gives_the_newest_residents_blocks_back_and_readmits_it(caching):
+    # 4 usable blocks of 2 tokens: "a" and "b" hold 2 each; "a" growing past 4 tokens
+    # needs a third, so "b" (the newest) is retracted to the waiting queue's head.
+    sched = make_scheduler(num_blocks=5, page_size=2, enable_prefix_caching=caching)
+    a = submit(sched, "a", [1, 2, 3])
+    b = submit(sched, "b", [4, 5, 6])
+    p0 = sched.next_execution_plan()
+    commit(sched, p0, 7, 8)
+    p1 = sched.next_execution_plan()
+    assert shape(p1) == [("a", 3, 1, True), ("b", 3, 1, True)] and p1.num_retracted == 0
+    commit(sched, p1, 9, 10)
+    submit(sched, "c", [11])  # waiting: no admission in a round that retracted
+    p2 = sched.next_execution_plan()
+    assert p2.num_retracted == 1 and sched.num_retractions == 1
+    assert shape(p2) == [("a", 4, 1, True)] and len(a.block_ids) == 3
+    assert b.status is Status.WAITING and list(sched.waiting) == [b, sched.requests["c"]]
+    assert (b.block_ids, b.slot, b.num_computed) == ([], -1, 0)
+    assert b.token_ids == [4, 5, 6, 8, 10]  # its committed outputs are kept
+    commit(sched, p2, finished=["a"])
+    p3 = sched.next_execution_plan()
+    row = p3.rows[0]
+    assert row.rid == "b" and row.new_owner.output_token_ids == [8, 10]
+    assert row.output_index == 2
+    # Its full blocks stayed cached when it was retracted; "a" took the tail one (freed
+    # blocks are evicted tail first), so it recomputes from its second block.
+    start = 2 if caching else 0
+    assert (row.start, row.num_tokens) == (start, 5 - start)
+    assert row.token_ids == b.token_ids[start:]
+    commit(sched, p3, finished=["b", "c"])
+    sched.check_idle()
+
+
+def test_abort_in_every_state():
+    sched = make_scheduler(max_num_batched_tokens=8, max_num_seqs=2)
+    reqs = [submit(sched, f"r{i}", list(range(i, i + 20)), 20) for i in range(4)]
+    p0 = sched.next_execution_plan()  # r0 mid-prefill, the others waiting
+    assert shape(p0) == [("r0", 0, 8, False)]
+    sched.advance_head(["r3"])  # waiting
+    assert not sched.holds("r3") and reqs[3] not in sched.waiting
+    sched.advance_head(["r0"])  # running, its chunk still in flight
+    assert reqs[0] not in sched.running and sched.pool.num_active == 0
+    assert sched.holds("r0")  # until the forward that reads it is committed
+    p1 = sched.next_execution_plan()  # r1 takes the freed blocks and slot at once
+    assert shape(p1) == [("r1", 0, 8, False)]
+    commit(sched, p0)
+    assert not sched.holds("r0")
+    commit(sched, p1)
+    plans = [sched.next_execution_plan() for _ in range(2)]
+    assert shape(plans[-1])[0] == ("r1", 16, 4, True)
+    for p in plans:
+        commit(sched, p)
+    assert reqs[1].sampled_on_slot  # decoding
+    sched.advance_head(["r1", "r1", "unknown"])  # decoding; repeats and unknowns ignored
+    assert not sched.holds("r1") and reqs[1].block_ids == []
+    rest = sched.next_execution_plan()
+    assert [r.rid for r in rest.rows] == ["r2"]
+    commit(sched, rest, finished=["r2"])
+    sched.check_idle()
+
+
+def test_id_held_until_inflight_forward_commits():
+    sched = make_scheduler()
+    submit(sched, "a", [1, 2, 3], max_tokens=50)
+    p0 = sched.next_execution_plan()
+    commit(sched, p0)
+    p1 = sched.next_execution_plan()  # in flight (depth 1)
+    sched.advance([RequestFinished("a")])
+    assert sched.holds("a")  # its last forward is still in flight
+    assert sched.pool.num_active == 0 and not sched.running  # but its blocks are free
+    commit(sched, p1)  # its token is dropped by the output processor: any value will do
+    assert not sched.holds("a")
+    sched.check_idle()
+
+
+def test_submission_batch_rejected_whole():
+    """The scheduler checks what only the rank knows (its KV capacity, the ids it holds);
+    one bad request refuses the whole batch."""
+    sched = make_scheduler(num_blocks=5)  # 4 usable blocks = 16 tokens
+    good = make_request("ok", [1, 2, 3], 4)
+    bad = make_request("long", list(range(17)), 4)
+    with pytest.raises(SubmissionRejected, match="needs 5 KV blocks"):
+        sched.submit([good, bad])
+    assert not sched.holds("ok")
+    with pytest.raises(SubmissionRejected, match="already in use"):
+        sched.submit([make_request("x", [1], 4), make_request("x", [2], 4)])
+    submit(sched, "held", [1])
+    with pytest.raises(SubmissionRejected, match="'held' is already in use"):
+        sched.submit([make_request("held", [2], 4)])
+
+
+def test_prompt_larger_than_cache_is_rejected():
+    sched = make_scheduler(num_blocks=5)  # 4 usable blocks = 16 tokens
+    with pytest.raises(SubmissionRejected, match="needs 5 KV blocks"):
+        sched.submit([make_request("big", list(range(17)), 1)])
+    submit(sched, "fits", list(range(16)), 1)  # exactly the pool
+
+
+def test_request_outgrowing_cache_is_aborted_in_plan():
+    sched = make_scheduler(num_blocks=5)  # 16 tokens of KV
+    grow = submit(sched, "grow", list(range(10)), max_tokens=100)
+    sampled = 0
+    for _ in range(20):
+        plan = sched.next_execution_plan()
+        if plan.aborts:
+            break
+        sampled += len(plan.sample_rows)
+        commit(sched, plan)
+    (abort,) = plan.aborts
+    assert abort.rid == "grow" and "KV cache holds (16)" in abort.message
+    assert "grew to 17 tokens" in abort.message and plan.rows == []
+    assert sampled == 16 - 10 + 1  # the token after the last KV position
+    assert grow.status is Status.FINISHED and not sched.holds("grow")
+    sched.check_idle()
 
 
 def test_rows_carry_each_field_by_name():
     # The scheduler builds rows positionally (once per running request per round): a field
     # reordered in ScheduledRow must show up here, not as a silently swapped value.
-    d = Driver(depth=1)
-    d.sched.submit([make_request("a", [11, 12, 13, 14, 15, 16], 3, prompt_logprobs=1)])
-    (first,) = d.sched.next_execution_plan().rows
+    sched = make_scheduler()
+    sched.submit([make_request("a", [11, 12, 13, 14, 15, 16], 3, prompt_logprobs=1)])
+    (first,) = sched.next_execution_plan().rows
     assert (first.rid, first.start, first.num_tokens) == ("a", 0, 6)
     assert first.token_ids == [11, 12, 13, 14, 15, 16]
     assert len(first.new_block_ids) == 2 and first.block_offset == 0
     assert first.sample and first.output_index == 0 and first.grammar is None
     assert first.new_owner is not None and first.new_owner.prompt_token_ids[:2] == [11, 12]
     assert first.prompt_logprob_targets == [12, 13, 14, 15, 16] and first.prompt_logprobs == 1
-    (second,) = d.sched.next_execution_plan().rows  # a decode, its input still in flight
+    (second,) = sched.next_execution_plan().rows  # a decode, its input still in flight
     assert (second.slot, second.start, second.num_tokens) == (first.slot, 6, 1)
     assert second.token_ids is None and second.new_owner is None
     assert second.new_block_ids == () and second.block_offset == 2

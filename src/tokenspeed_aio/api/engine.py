@@ -14,8 +14,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from tokenspeed_aio.api.control import EngineControl
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.api.tracing import RequestTracer, trace_provider
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.control.transport import LocalTransport
 from tokenspeed_aio.errors import EngineDeadError
@@ -128,7 +130,14 @@ class _RemoteRanks:
         await self.processes.stop()
 
 
-class AsyncEngine:
+def _provider(args: EngineArgs):
+    return trace_provider(args.trace_provider) if args.trace_provider else None
+
+
+class AsyncEngine(EngineControl):
+    """The engine: ``generate`` streams; the control operations (pause, memory release,
+    weight updates, profiling) are EngineControl's (api/control.py)."""
+
     def __init__(self, args: EngineArgs, frontend: Frontend, backend) -> None:
         self.args = args
         self.frontend = frontend
@@ -143,6 +152,7 @@ class AsyncEngine:
         rank_processes: bool | None = None,
         log_level: str = "INFO",
         latch: ShutdownLatch | None = None,
+        trace_exporter=None,
     ) -> AsyncEngine:
         """Load the tokenizer, start the ranks and connect the frontend to them.
 
@@ -168,6 +178,11 @@ class AsyncEngine:
 
             transport = LocalTransport()
             backend = _LocalRank(await EngineRank.start(args, transport), transport)
+        tracer = (
+            RequestTracer(exporter=trace_exporter, provider=_provider(args))
+            if trace_exporter is not None
+            else RequestTracer.from_args(args)
+        )
         frontend = Frontend(
             tokenizer,
             backend.connection,
@@ -175,6 +190,8 @@ class AsyncEngine:
             vocab_size=backend.vocab_size,
             eos_token_ids=backend.eos_token_ids,
             num_replicas=args.dp,
+            weight_version=args.weight_version,
+            tracer=tracer,
         )
         if isinstance(backend, _RemoteRanks):
             backend.supervise(frontend)  # in-process, the task's end reaches it by the wire

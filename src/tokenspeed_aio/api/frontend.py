@@ -15,8 +15,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from tokenspeed_aio.api.control_calls import ControlCalls, ControlResult
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.api.stream import RequestStream
+from tokenspeed_aio.api.tracing import RequestTimeline, RequestTracer
 from tokenspeed_aio.errors import (
     EngineDeadError,
     EngineError,
@@ -26,6 +28,7 @@ from tokenspeed_aio.errors import (
 from tokenspeed_aio.sampling_params import MAX_BANNED_IDS, SamplingParams
 from tokenspeed_aio.tokenization.detokenizer import IncrementalDetokenizer
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
+from tokenspeed_aio.wire.control import ControlOp
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
     GenerateRequest,
@@ -61,6 +64,8 @@ class Frontend:
         vocab_size: int,
         eos_token_ids: tuple[int, ...] = (),
         num_replicas: int = 1,
+        weight_version: str = "default",
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.connection = connection
@@ -77,6 +82,8 @@ class Frontend:
         self.draining: set[str] = set()
         self.loads: dict[int, tuple[Load, float]] = {}  # replica -> (load, receipt time)
         self.dead: EngineError | None = None
+        self.calls = ControlCalls(num_replicas, weight_version)
+        self.tracer = tracer
         self._task = asyncio.create_task(self._pump(), name="ts-frontend-outputs")
         self._task.add_done_callback(self._pump_done)
 
@@ -212,6 +219,20 @@ class Frontend:
 
         return min(range(self.num_replicas), key=load)
 
+    # -- control operations ---------------------------------------------------------------
+    async def control(self, op: ControlOp) -> ControlResult:
+        """Send ``op`` to every replica (one call id, in the order of calls) and wait until
+        each answered; the combined result (ok only if every replica's is)."""
+        if self.dead is not None:
+            raise self.dead
+        call, future = self.calls.start(op)
+        try:
+            for replica in range(self.num_replicas):
+                self.connection.send(call, replica)
+            return await future
+        finally:
+            self.calls.forget(call.call_id)
+
     # -- health -------------------------------------------------------------------
     def stale_replicas(self) -> list[int]:
         now = time.monotonic()
@@ -226,6 +247,7 @@ class Frontend:
         while True:
             batch = await self.connection.receive()
             self.loads[batch.replica] = (batch.load, time.monotonic())
+            version = self.calls.weight_versions[batch.replica]
             for out in batch.outputs:
                 if out.rid in self.draining:  # ended here; the engine's outputs are moot
                     if out.finished:
@@ -234,11 +256,34 @@ class Frontend:
                 stream = self.streams.get(out.rid)
                 if stream is None or stream.finished:
                     continue
+                stream.weight_version = version
                 if stream.process(out):
                     self.draining.add(out.rid)
                     self.connection.send(AbortRequest(out.rid), stream.replica)
                 if stream.finished:
                     del self.streams[out.rid]
+                    if self.tracer is not None:
+                        self._trace(stream, out.finish_reason or "error")
+            # After the outputs: a call answered in this batch finds its round's outputs
+            # (a pause's aborts) already in their streams.
+            if batch.replies:
+                self.calls.received(batch.replica, batch.replies)
+
+    def _trace(self, stream: RequestStream, reason: str) -> None:
+        self.tracer.record(
+            RequestTimeline(
+                rid=stream.rid,
+                arrival=stream.arrival,
+                queue_seconds=stream.queue_seconds,
+                first_token=stream.first_token_at,
+                end=time.time(),
+                finish_reason=reason,
+                prompt_tokens=stream.num_prompt_tokens,
+                cached_tokens=stream.num_cached_tokens,
+                output_tokens=len(stream.token_ids),
+                weight_version=stream.weight_version,
+            )
+        )
 
     def _pump_done(self, task: asyncio.Task) -> None:
         if self.dead is not None:
@@ -253,6 +298,7 @@ class Frontend:
 
     def fail_all(self, err: EngineError) -> None:
         self.dead = err
+        self.calls.fail_all(err)
         for stream in self.streams.values():
             stream.finished = True
             stream.queue.put_nowait(err)
@@ -263,3 +309,5 @@ class Frontend:
         """Stop the output task; the connection belongs to whoever opened it."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.close)

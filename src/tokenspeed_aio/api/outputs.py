@@ -22,3 +22,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     queue_seconds: float = 0.0  # from submission to the scheduler to its first forward
     delta_token_ids: list[int] = field(default_factory=list)
+    weight_version: str = ""  # the weights' version when this output arrived

@@ -4,6 +4,7 @@ queue its ``generate()`` consumer reads."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.errors import EngineError, error_from_status
@@ -16,8 +17,10 @@ class RequestStream:
     """One request's stream: accumulates tokens and text, applies stop strings."""
 
     __slots__ = (
+        "arrival",
         "detok",
         "finished",
+        "first_token_at",
         "logprobs",
         "num_cached_tokens",
         "num_prompt_tokens",
@@ -31,6 +34,7 @@ class RequestStream:
         "stops",
         "text",
         "token_ids",
+        "weight_version",
     )
 
     def __init__(
@@ -50,6 +54,9 @@ class RequestStream:
         self.prompt_logprobs = None
         self.queue_seconds = 0.0
         self.finished = False
+        self.weight_version = ""  # the serving replica's, set as outputs arrive
+        self.arrival = time.time()  # wall clock, for traces
+        self.first_token_at: float | None = None
         self.queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
 
     def finish_aborted(self) -> None:
@@ -79,6 +86,7 @@ class RequestStream:
             num_cached_tokens=self.num_cached_tokens,
             queue_seconds=self.queue_seconds,
             delta_token_ids=delta_ids,
+            weight_version=self.weight_version,
         )
 
     def process(self, out: TokenOutput) -> bool:
@@ -93,6 +101,8 @@ class RequestStream:
             self.num_cached_tokens = out.num_cached_tokens
             self.prompt_logprobs = out.prompt_logprobs
             self.queue_seconds = out.queue_seconds
+        if out.token_ids and self.first_token_at is None:
+            self.first_token_at = time.time()
         self.token_ids.extend(out.token_ids)
         if out.logprobs is not None and self.logprobs is not None:
             self.logprobs.extend(out.logprobs)

@@ -1,10 +1,15 @@
 """Benchmarks: ``python -m tokenspeed_aio bench WORKLOAD [options]``.
 
-The workloads, metrics and peers follow /work/shared/BENCHMARKS.md: random-token
-prompts with ``ignore_eos`` driven through an in-process AsyncEngine or a running
-server, latency and throughput percentiles, control-plane time per round, a
-bandwidth roofline measured in the same run, and HF transformers' continuous
-batching on the same prompts as the peer.
+Random-token prompts with ``ignore_eos`` (so every reply has the workload's length),
+driven through an in-process AsyncEngine or a running server (``--server URL``). Each
+run records throughput, TTFT/TPOT/ITL percentiles, the control plane's CPU time per
+round by running-request count, the GPU's idle fraction between forwards, and a
+decode roofline, ``(weight bytes + KV bytes read) / bandwidth``, with the bandwidth
+measured by a device-to-device copy in the same run. ``--peer hf`` runs HF
+transformers' continuous batching (``generate_batch``) on the same model and prompts
+in the same process, reported as a ratio. The workloads and how the results are
+reported: docs/performance.md. Results go to ``--out`` or the directory of
+``tokenspeed_aio.bench.output``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenspeed_aio.bench import report, suite
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.bench.shapes import SHAPES, checkpoint_dir
 from tokenspeed_aio.bench.workloads import WORKLOADS, TokenSpace, parse_list
 
@@ -27,7 +28,7 @@ WORKLOAD_FLAGS = {
     "latency": {"input_len", "output_len", "batch", "num_requests"},
     "overhead": {"input_len", "output_len", "concurrency"},
     "chat-mix": {"num_requests", "rates"},
-    "agentic-prefix": {"sessions", "turns", "turn_tokens", "reply_tokens"},
+    "agentic-prefix": {"conversations", "turns", "turn_tokens", "reply_tokens"},
 }
 ALL_WORKLOAD_FLAGS = sorted(set().union(*WORKLOAD_FLAGS.values()))
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark a workload; writes a JSON record and prints markdown tables.",
     )
     parser.add_argument("workload", choices=list(WORKLOADS))
-    w = parser.add_argument_group("workload (defaults: BENCHMARKS.md's full size)")
+    w = parser.add_argument_group("workload (defaults: the full size in docs/performance.md)")
     w.add_argument("--input-len", type=int, help="prompt tokens (fixed-1k, latency, overhead)")
     w.add_argument("--output-len", type=int, help="output tokens (fixed-1k, latency, overhead)")
     w.add_argument(
@@ -53,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--rates", help='chat-mix: arrival rates in req/s, e.g. "1,4,16,inf"')
     w.add_argument("--batch", type=int, help="latency: requests in flight at once")
-    w.add_argument("--sessions", type=int, help="agentic-prefix: sessions (all at once)")
-    w.add_argument("--turns", type=int, help="agentic-prefix: turns per session")
+    w.add_argument("--conversations", type=int, help="agentic-prefix: conversations (all at once)")
+    w.add_argument("--turns", type=int, help="agentic-prefix: turns per conversation")
     w.add_argument("--turn-tokens", type=int, help="agentic-prefix: new prompt tokens per turn")
     w.add_argument("--reply-tokens", type=int, help="agentic-prefix: reply tokens per turn")
     w.add_argument("--workload-seed", type=int, default=0, help="seed of prompts and lengths")
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add_argument("--no-roofline", action="store_true", help="skip the bandwidth measurement")
     o.add_argument("--no-warmup", action="store_true", help="no warm-up request before runs")
-    o.add_argument("--out", type=Path, help="JSON path (default bench/results/NAME-TIME.json)")
+    o.add_argument("--out", type=Path, help=OUT_HELP)
     add_engine_flags(parser)
     return parser
 
@@ -190,7 +191,7 @@ def main(argv: list[str]) -> int:
         peers = suite.run_peer(spec, workload, levels)
     same_weights = on_disk and args.load_format != "dummy"
     doc = suite.document(workload, ctx, results, peers, same_weights)
-    path = report.write_json(doc, ns.out or report.default_out_path(workload.name))
+    path = report.write_json(doc, ns.out or default_out_path(workload.name))
     print(report.render_markdown(doc))
     print(f"raw JSON: {path}")
     failed = sum(r["metrics"]["failed"] for r in doc["runs"])

@@ -39,7 +39,7 @@ def inter_token_latencies(record: RequestRecord) -> list[float]:
 def request_summary(record: RequestRecord) -> dict[str, Any]:
     """One request's raw numbers, as the JSON keeps them."""
     out = {
-        "session": record.session,
+        "conversation": record.conversation,
         "turn": record.turn,
         "prompt_tokens": record.prompt_len,
         "requested_output_tokens": record.output_len,
@@ -91,7 +91,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
 
 
 def cache_by_turn(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
-    """Prefix-cache hits per turn index (agentic sessions): the fraction of prompt tokens
+    """Prefix-cache hits per turn index (agentic conversations): the fraction of prompt tokens
     served from the cache, and the most that could be (all but the turn's new tokens)."""
     by_turn: dict[int, list[RequestRecord]] = {}
     for r in records:
@@ -102,9 +102,9 @@ def cache_by_turn(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
     for turn in sorted(by_turn):
         rs = by_turn[turn]
         prompt = sum(r.prompt_len for r in rs)
-        reusable = sum(prev_len.get(r.session, 0) for r in rs)
+        reusable = sum(prev_len.get(r.conversation, 0) for r in rs)
         for r in rs:
-            prev_len[r.session] = r.prompt_len + len(r.output_ids)
+            prev_len[r.conversation] = r.prompt_len + len(r.output_ids)
         rows.append(
             {
                 "turn": turn,

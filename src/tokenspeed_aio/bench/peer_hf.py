@@ -3,7 +3,7 @@ checkpoint, prompts and lengths, in the same process after our engine has stoppe
 
 ``generate_batch`` takes one prompt list and one ``max_new_tokens``: it runs the
 runs whose requests all have the same lengths and arrive at once (fixed-1k,
-latency, overhead); timed arrivals and multi-turn sessions have no equivalent and
+latency, overhead); timed arrivals and multi-turn conversations have no equivalent and
 are reported as skipped. A run's concurrency becomes ``max_requests_per_batch``.
 ``eos_token_id=-1`` disables EOS, so every reply has exactly the asked length.
 
@@ -59,7 +59,7 @@ def warm_up(model) -> None:
 
 def skip_reason(run: Run) -> str | None:
     if run.uniform_lengths() is None:
-        return "generate_batch takes one max_new_tokens and no arrival times or sessions"
+        return "generate_batch takes one max_new_tokens and no arrival times or conversations"
     return None
 
 
@@ -88,7 +88,7 @@ def run_peer(model, run: Run, max_batch_tokens: int) -> dict[str, Any]:
     from transformers import GenerationConfig
 
     input_len, output_len = run.uniform_lengths()
-    prompts = [s.turns[0].new_ids for s in run.sessions]
+    prompts = [s.turns[0].new_ids for s in run.conversations]
     generation = GenerationConfig(
         max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0
     )

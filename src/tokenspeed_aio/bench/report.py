@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import platform
@@ -62,11 +61,6 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def default_out_path(workload: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("bench") / "results" / f"{workload}-{stamp}.json"
-
-
 def write_json(doc: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -94,7 +88,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_markdown(doc: dict[str, Any]) -> str:
     """The report's tables: throughput and latency per run, control-plane time per round by
-    running requests, prefix-cache hits per turn (when sessions have several)."""
+    running requests, prefix-cache hits per turn (when conversations have several)."""
     machine, target = doc["machine"], doc["target"]
     gpu = ", ".join(machine["gpus"]) or f"CPU only ({machine['cpu']}, {machine['cpu_count']} cores)"
     lines = [

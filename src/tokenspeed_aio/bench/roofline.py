@@ -7,7 +7,7 @@ are ignored: they are small next to these. At bandwidth ``B`` the step cannot ta
 less than ``bytes / B``, and ``c`` tokens per step bound the output rate.
 
 The bandwidth is measured in the same run with a large device-to-device copy,
-counted as read + write (how BENCHMARKS.md states the H200's 4.28 TB/s). On CPU
+counted as read + write (an H200 measures about 4.25 TB/s this way). On CPU
 the same copy measures host memory bandwidth, and the report says so.
 """
 

@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass, field
 
 from tokenspeed_aio.bench.targets import Target
-from tokenspeed_aio.bench.workloads import Run, Session
+from tokenspeed_aio.bench.workloads import Conversation, Run
 from tokenspeed_aio.control.round_stats import RoundSample
 
 
 @dataclass
 class RequestRecord:
-    session: int
+    conversation: int  # index of the conversation in its run
     turn: int
     prompt_len: int
     output_len: int  # requested
@@ -57,31 +57,31 @@ async def _one(target: Target, record: RequestRecord, prompt: list[int]) -> None
         record.error = f"{type(err).__name__}: {err}"
 
 
-async def _session(
+async def _conversation(
     target: Target,
     index: int,
-    session: Session,
+    conversation: Conversation,
     t0: float,
     gate: asyncio.Semaphore | None,
     records: list[RequestRecord],
 ) -> None:
-    delay = t0 + session.arrival - time.perf_counter()
+    delay = t0 + conversation.arrival - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     async with gate or contextlib.nullcontext():
-        conversation: list[int] = []
-        for k, turn in enumerate(session.turns):
-            conversation += turn.new_ids
-            record = RequestRecord(index, k, len(conversation), turn.output_len)
+        history: list[int] = []  # every prompt and reply token so far
+        for k, turn in enumerate(conversation.turns):
+            history += turn.new_ids
+            record = RequestRecord(index, k, len(history), turn.output_len)
             records.append(record)
-            await _one(target, record, list(conversation))
+            await _one(target, record, list(history))
             if not record.ok:
                 return  # later turns would resend a conversation that never happened
-            conversation += record.output_ids
+            history += record.output_ids
 
 
 async def execute(target: Target, run: Run) -> RunResult:
-    """Send the run's sessions (each at its arrival, at most ``concurrency`` at once) and
+    """Send the run's conversations (each at its arrival, at most ``concurrency`` at once) and
     wait for every reply."""
     await target.settle()
     mark = target.round_mark()
@@ -90,7 +90,7 @@ async def execute(target: Target, run: Run) -> RunResult:
     records: list[RequestRecord] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        *(_session(target, i, s, t0, gate, records) for i, s in enumerate(run.sessions))
+        *(_conversation(target, i, c, t0, gate, records) for i, c in enumerate(run.conversations))
     )
     ends = [r.chunk_times[-1] for r in records if r.chunk_times]
     duration = (max(ends) if ends else time.perf_counter()) - t0

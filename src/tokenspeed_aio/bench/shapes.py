@@ -49,7 +49,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "initializer_range": 0.5,
         "torch_dtype": "float32",
     },
-    # BENCHMARKS.md's overhead model: the step is so cheap that the round's own
+    # The overhead workload's model: the step is so cheap that the round's own
     # Python shows. A small vocabulary keeps the LM head from dominating the step.
     "overhead": {
         "architectures": ["LlamaForCausalLM"],

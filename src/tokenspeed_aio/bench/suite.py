@@ -125,7 +125,7 @@ def run_document(
             m["output_tokens_per_s"], roof and roof["expected_output_tokens_per_s"]
         ),
     }
-    if any(len(s.turns) > 1 for s in run.sessions):
+    if any(len(s.turns) > 1 for s in run.conversations):
         doc["prefix_cache_by_turn"] = metrics.cache_by_turn(result.records)
     if peer is not None:
         peer = dict(peer)
@@ -133,7 +133,7 @@ def run_document(
         doc["peer"] = peer
         doc["ours_over_peer"] = _ratio(m["output_tokens_per_s"], peer.get("output_tokens_per_s"))
         if peer_ids is not None and same_weights:
-            ours = [r.output_ids for r in sorted(result.records, key=lambda r: r.session)]
+            ours = [r.output_ids for r in sorted(result.records, key=lambda r: r.conversation)]
             doc["peer_token_agreement"] = peer_hf.token_agreement(ours, peer_ids)
     doc["requests"] = [metrics.request_summary(r) for r in result.records]
     return doc

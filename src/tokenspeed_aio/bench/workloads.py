@@ -1,10 +1,10 @@
-"""The benchmark workloads of BENCHMARKS.md, as plain data built from a seed.
+"""The benchmark workloads (docs/performance.md, "Method"), as plain data built from a seed.
 
-Every request is a turn of a session: a turn appends ``new_ids`` to the
+Every request is a turn of a conversation: a turn appends ``new_ids`` to the
 conversation so far (its earlier prompts and the replies the engine produced) and
 asks for exactly ``output_len`` tokens (``ignore_eos``). Single-request workloads
-are sessions of one turn. A run is one level of a workload (a concurrency, an
-arrival rate): its sessions start at their ``arrival`` time, at most
+are conversations of one turn. A run is one level of a workload (a concurrency, an
+arrival rate): its conversations start at their ``arrival`` time, at most
 ``concurrency`` of them at once.
 """
 
@@ -57,7 +57,7 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Session:
+class Conversation:
     turns: list[Turn]
     arrival: float = 0.0  # seconds after the run starts when the first turn may be sent
 
@@ -65,19 +65,19 @@ class Session:
 @dataclass(frozen=True)
 class Run:
     name: str  # the level, as the report labels it: "c=16", "rate=4", ...
-    sessions: list[Session]
-    concurrency: int | None  # most sessions in flight at once; None: arrivals decide
+    conversations: list[Conversation]
+    concurrency: int | None  # most conversations in flight at once; None: arrivals decide
     params: dict[str, Any] = field(default_factory=dict)  # the level's knobs, for the report
 
     @property
     def num_requests(self) -> int:
-        return sum(len(s.turns) for s in self.sessions)
+        return sum(len(s.turns) for s in self.conversations)
 
     def uniform_lengths(self) -> tuple[int, int] | None:
         """(input, output) length when every request is a first turn of the same shape
         and all arrive at once: the runs a roofline and generate_batch can describe."""
-        shapes = {(len(s.turns[0].new_ids), s.turns[0].output_len) for s in self.sessions}
-        single = all(len(s.turns) == 1 and s.arrival == 0.0 for s in self.sessions)
+        shapes = {(len(s.turns[0].new_ids), s.turns[0].output_len) for s in self.conversations}
+        single = all(len(s.turns) == 1 and s.arrival == 0.0 for s in self.conversations)
         return next(iter(shapes)) if single and len(shapes) == 1 else None
 
 
@@ -113,8 +113,8 @@ def fixed(
     runs = []
     for c in concurrency:
         n = num_requests or fixed_requests(c)
-        sessions = [Session([Turn(sample(input_len), output_len)]) for _ in range(n)]
-        runs.append(Run(f"c={c}", sessions, c, {"concurrency": c, "num_requests": n}))
+        conversations = [Conversation([Turn(sample(input_len), output_len)]) for _ in range(n)]
+        runs.append(Run(f"c={c}", conversations, c, {"concurrency": c, "num_requests": n}))
     settings = dict(
         input_len=input_len,
         output_len=output_len,
@@ -161,8 +161,8 @@ def overhead(
     sample = tokens.sampler(seed)
     runs = []
     for c in concurrency:
-        sessions = [Session([Turn(sample(input_len), output_len)]) for _ in range(c)]
-        runs.append(Run(f"c={c}", sessions, c, {"concurrency": c, "num_requests": c}))
+        conversations = [Conversation([Turn(sample(input_len), output_len)]) for _ in range(c)]
+        runs.append(Run(f"c={c}", conversations, c, {"concurrency": c, "num_requests": c}))
     settings = dict(
         input_len=input_len, output_len=output_len, concurrency=list(concurrency), seed=seed
     )
@@ -188,7 +188,8 @@ def chat_mix(
     seed: int = 0,
 ) -> Workload:
     """ShareGPT-like lengths (lognormal, clipped) arriving as a Poisson process; the same
-    requests at every rate (``inf``: all at once). BENCHMARKS.md fixes the medians; the
+    requests at every rate (``inf``: all at once). The medians are the workload's
+    definition (docs/performance.md); the
     spread ``sigma`` is ours (1.0: the 10th-90th percentiles span about 13×)."""
     rng = np.random.default_rng(seed)
     inputs = lognormal_lengths(rng, num_requests, input_median, sigma, 4, max_input)
@@ -202,8 +203,8 @@ def chat_mix(
         else:
             gaps = np.random.default_rng(seed + 2).exponential(1.0 / rate, num_requests)
             arrivals = (np.cumsum(gaps) - gaps[0]).tolist()
-        sessions = [Session([t], a) for t, a in zip(turns, arrivals)]
-        runs.append(Run(f"rate={rate:g}", sessions, None, {"rate": rate}))
+        conversations = [Conversation([t], a) for t, a in zip(turns, arrivals)]
+        runs.append(Run(f"rate={rate:g}", conversations, None, {"rate": rate}))
     settings = dict(
         num_requests=num_requests,
         rates=list(rates),
@@ -220,23 +221,23 @@ def chat_mix(
 def agentic_prefix(
     tokens: TokenSpace,
     *,
-    sessions: int = 64,
+    conversations: int = 64,
     turns: int = 8,
     turn_tokens: int = 200,
     reply_tokens: int = 150,
     seed: int = 0,
 ) -> Workload:
-    """Each session resends its whole conversation plus ``turn_tokens`` new tokens and
-    gets ``reply_tokens`` back, turn after turn; all sessions run at once."""
+    """Each conversation resends everything so far plus ``turn_tokens`` new tokens and
+    gets ``reply_tokens`` back, turn after turn; all conversations run at once."""
     sample = tokens.sampler(seed)
     built = [
-        Session([Turn(sample(turn_tokens), reply_tokens) for _ in range(turns)])
-        for _ in range(sessions)
+        Conversation([Turn(sample(turn_tokens), reply_tokens) for _ in range(turns)])
+        for _ in range(conversations)
     ]
-    params = {"sessions": sessions, "turns": turns}
-    runs = [Run(f"sessions={sessions}", built, None, params)]
+    params = {"conversations": conversations, "turns": turns}
+    runs = [Run(f"conversations={conversations}", built, None, params)]
     settings = dict(
-        sessions=sessions,
+        conversations=conversations,
         turns=turns,
         turn_tokens=turn_tokens,
         reply_tokens=reply_tokens,

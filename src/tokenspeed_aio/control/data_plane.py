@@ -13,6 +13,7 @@ import asyncio
 from typing import Protocol
 
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
+from tokenspeed_aio.wire.control import InitWeightsGroup, StartProfile
 
 
 class PendingExecution:
@@ -43,3 +44,34 @@ class DataPlane(Protocol):
         ...
 
     async def shutdown(self) -> None: ...
+
+    # -- the low-rate control operations (control/control.py), each awaited ----------
+    async def release_memory(self, tags: list[str]) -> None:
+        """Free these regions' device memory (the loop drained first)."""
+        ...
+
+    async def resume_memory(self, tags: list[str]) -> None: ...
+
+    async def stage_weights(self, update: object) -> str | None:
+        """Check a weight update's prerequisites on this rank and stage what it needs (a
+        decoded payload, the tensors' checks): None when ready, else why not. Loads nothing."""
+        ...
+
+    async def load_staged_weights(self) -> str | None:
+        """Load the staged update into the model: None, or the error (the weights may then
+        be partly written: the caller invalidates them)."""
+        ...
+
+    async def commit_weights(self, ok: bool) -> None:
+        """The replica-wide outcome of the load: usable, or invalid until restart."""
+        ...
+
+    async def init_weights_group(self, op: InitWeightsGroup) -> None: ...
+
+    async def destroy_weights_group(self, group_name: str) -> None: ...
+
+    async def start_profile(self, op: StartProfile) -> None: ...
+
+    async def stop_profile(self) -> str:
+        """Stop the profiler and write its trace; returns where it went."""
+        ...

@@ -16,10 +16,21 @@ class DpAgreement:
     def __init__(self, group: DpGroup) -> None:
         self.group = group
         self.engine_idle = False  # every rank idle as of the last round's exchange
+        # Every rank's control gate share (control/control.py) as of the last exchange: the
+        # next round's gate decides from them, so its decision is rank-identical and
+        # ordinary rounds add no collective.
+        self.gate_shares: list = []
 
-    async def agree(self, num_tokens: int, locally_idle: bool, error: str | None = None) -> bool:
+    async def agree(
+        self,
+        num_tokens: int,
+        locally_idle: bool,
+        error: str | None = None,
+        gate: object = None,
+    ) -> bool:
         """True when this rank must run an idle forward this round. A rank-local error
         rides the exchange: every rank raises the same CollectiveError."""
-        shares = await self.group.all_gather((num_tokens, locally_idle), error=error)
-        self.engine_idle = all(idle for _, idle in shares)
-        return num_tokens == 0 and any(n for n, _ in shares)
+        shares = await self.group.all_gather((num_tokens, locally_idle, gate), error=error)
+        self.engine_idle = all(idle for _, idle, _ in shares)
+        self.gate_shares = [g for _, _, g in shares]
+        return num_tokens == 0 and any(n for n, _, _ in shares)

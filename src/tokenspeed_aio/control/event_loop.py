@@ -1,12 +1,15 @@
 """EventLoop.round(): the schedule of one scheduling round, top to bottom.
 
-    1. receive + relay; admit in arrival order; the grammar queue
+    1. receive + relay; admit in arrival order; the control gate (pause edges, held
+       admissions, memory release, the same-round gate's weight op); the grammar queue
     2. head: client aborts -> scheduler.advance_head
-    3. plan: scheduler.next_execution_plan(); finish plan.aborts; DP agreement
+    3. plan: scheduler.next_execution_plan() (no forward in a frozen round); finish
+       plan.aborts; DP agreement
     4. dispatch one data_plane.execute(plan) when there is device work (committing the
        queue first if the dispatch depends on a pending commit); commit from
        the in-flight queue down to the effective depth (0 when nothing dispatched)
-    5. tail: scheduler.advance(events); publish KV events once; send outputs + load
+    5. tail: scheduler.advance(events); publish KV events once; send outputs + load and
+       the control replies
 
 The loop coordinates; every subsystem enters as one call and returns what the
 round applies. The scheduler advances only here, at the head and the tail.
@@ -18,6 +21,9 @@ import logging
 from collections import deque
 
 from tokenspeed_aio.collective.errors import CollectiveError, MeshError
+from tokenspeed_aio.control.batch_log import BatchLog
+from tokenspeed_aio.control.control import Control
+from tokenspeed_aio.control.control_step import ControlView
 from tokenspeed_aio.control.data_plane import DataPlane, PendingExecution
 from tokenspeed_aio.control.dispatch_rules import depends_on_pending_commit
 from tokenspeed_aio.control.dp import DpAgreement
@@ -55,6 +61,8 @@ class EventLoop:
         replica: int = 0,
         dp: DpAgreement | None = None,
         faults: FaultInjector | None = None,
+        control: Control | None = None,
+        batch_log: BatchLog | None = None,
     ) -> None:
         if in_flight_depth not in (0, 1):
             raise ValueError(f"in_flight_depth must be 0 or 1, got {in_flight_depth}")
@@ -67,6 +75,8 @@ class EventLoop:
         self.depth = in_flight_depth
         self.dp = dp
         self.faults = faults
+        self.control = control or Control(data_plane)
+        self.batch_log = batch_log or BatchLog(0)
         self.local_error: str | None = None  # carried into the next exchange with peers
         self.kv_events = KVEventPublisher()
         self.load_reporter = LoadReporter(replica)
@@ -78,9 +88,16 @@ class EventLoop:
     def idle(self) -> bool:
         return not self.in_flight and not self.scheduler.has_work()
 
+    def quiet(self) -> bool:
+        """Nothing progresses here without a new message: idle, or frozen (a keep pause,
+        released memory) with nothing in flight, and no control operation pending."""
+        if self.in_flight or self.control.busy:
+            return False
+        return self.control.frozen or not self.scheduler.has_work()
+
     def engine_idle(self) -> bool:
-        """Idle here and, with attention DP, on every rank as of the last exchange."""
-        return self.idle() and (self.dp is None or self.dp.engine_idle)
+        """Quiet here and, with attention DP, on every rank as of the last exchange."""
+        return self.quiet() and (self.dp is None or self.dp.engine_idle)
 
     def _receive_timeout(self) -> float | None:
         """A round waits for messages only when the whole engine is idle: up to a
@@ -111,22 +128,38 @@ class EventLoop:
         # 1. receive + relay, admit in arrival order; the grammar queue
         messages = await self.relay.receive(self._receive_timeout(), error=self.local_error)
         self.stats.begin()
-        adm = self.ingress.admit(messages, owned=self.output.owns, held=self.scheduler.holds)
-        self.output.send(adm.refusals)
-        self.output.register(adm.requests + adm.constrained)
-        self.output.fail(self.grammar.enqueue(adm.constrained))
+        adm = self.ingress.admit(messages, owned=self._owned, held=self.scheduler.holds)
+        step = await self.control.gate(
+            adm,
+            ControlView(self._drained(), self.scheduler.can_clear_cache()),
+            self.dp.gate_shares if self.dp is not None else None,
+        )
+        self.output.send(adm.refusals + step.refusals)
+        self.output.register(step.requests + step.constrained)
+        self.output.fail(self.grammar.enqueue(step.constrained))
         compiled, failed = await self.grammar.admit() if len(self.grammar) else ([], [])
         self.output.fail(failed)
-        self._submit(compiled + adm.requests)
+        self._submit(compiled + step.requests)
         # 2. head
         aborted = self.output.abort(adm.aborted)
+        if step.abort_all:  # a pause in abort mode, or weights invalidated
+            aborted += self.output.abort_all()
+        if step.flush_cache:  # a weight update's or a KV release's (agreed in the gate)
+            self.scheduler.reset_prefix_cache()
         self.grammar.abort(aborted)
         self.scheduler.advance_head(aborted)
         # 3. plan
-        plan = self.scheduler.next_execution_plan()
+        plan = self.scheduler.next_execution_plan(allow_forward=step.allow_forward)
         self.output.finish_planned_aborts(plan.aborts)
-        if self.dp is not None and await self.dp.agree(
-            plan.num_tokens, self.idle(), error=self.local_error
+        if (
+            self.dp is not None
+            and await self.dp.agree(
+                plan.num_tokens,
+                self.quiet(),
+                error=self.local_error,
+                gate=self.control.share(self._drained()),
+            )
+            and step.idle_forward
         ):
             await self.data_plane.idle_forward()
         # 4. dispatch, commit
@@ -145,8 +178,16 @@ class EventLoop:
         self._send_outputs()
         self.stopping = self.stopping or adm.stop
         self.stats.end(len(self.scheduler.running), plan.num_tokens)
+        self.batch_log.record(plan, self.scheduler.load)
         if self.faults is not None:
             self.faults.tick()
+
+    def _owned(self, rid: str) -> bool:
+        return self.output.owns(rid) or self.control.holds(rid)
+
+    def _drained(self) -> bool:
+        """No request in the scheduler or the grammar queue and nothing in flight."""
+        return not self.in_flight and not self.scheduler.has_work() and not len(self.grammar)
 
     def _submit(self, requests: list[Request]) -> None:
         """One submission batch; refused whole (each request fails with its error)."""
@@ -166,7 +207,10 @@ class EventLoop:
         return self.output.commit(plan, result)
 
     def _send_outputs(self) -> None:
-        batch = self.load_reporter.batch(self.output.take(), self.scheduler.load(), self.jit)
+        replies = self.control.take_replies()
+        batch = self.load_reporter.batch(
+            self.output.take(), self.scheduler.load(), self.jit, replies
+        )
         if batch is not None:
             self.relay.send(batch)
 
@@ -176,6 +220,7 @@ class EventLoop:
         while self.in_flight:
             events += await self._commit_oldest()
         self.scheduler.advance(events)
+        self.output.send(self.control.end_held())
         aborted = self.output.abort_all()
         self.grammar.abort(aborted)
         self.scheduler.advance_head(aborted)

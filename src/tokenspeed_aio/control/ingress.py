@@ -21,6 +21,7 @@ from tokenspeed_aio.control.output import refusal
 from tokenspeed_aio.scheduler.request import Request
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
+    ControlCall,
     GenerateRequest,
     InboundMessage,
     StopEngine,
@@ -37,6 +38,10 @@ class Admission:
     aborted: list[str] = field(default_factory=list)  # owned rids the clients aborted
     refusals: list[TokenOutput] = field(default_factory=list)  # final outputs to send
     stop: bool = False
+    # Control calls with their position among the round's messages, and each request's
+    # position: a call and the requests before it keep their order (control/control.py).
+    calls: list[tuple[int, ControlCall]] = field(default_factory=list)
+    positions: dict[str, int] = field(default_factory=dict)
 
 
 class Ingress:
@@ -52,9 +57,10 @@ class Ingress:
     ) -> Admission:
         adm = Admission()
         batch: dict[str, Request] = {}
-        for msg in messages:
+        for index, msg in enumerate(messages):
             if isinstance(msg, GenerateRequest):
                 self._admit_one(msg, adm, batch, owned, held)
+                adm.positions[msg.rid] = index
             elif isinstance(msg, AbortRequest):
                 if msg.rid in batch:  # aborted in the round it arrived: never submitted
                     del batch[msg.rid]
@@ -63,6 +69,8 @@ class Ingress:
                     adm.aborted.append(msg.rid)
             elif isinstance(msg, StopEngine):
                 adm.stop = True
+            elif isinstance(msg, ControlCall):
+                adm.calls.append((index, msg))
         for req in batch.values():
             (adm.constrained if req.params.has_grammar else adm.requests).append(req)
         return adm

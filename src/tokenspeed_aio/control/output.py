@@ -8,9 +8,11 @@ and tells the scheduler through events the round applies at its tail.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 
+from tokenspeed_aio.control.request_stats import RequestStats
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
     ForwardCommitted,
@@ -37,6 +39,7 @@ def refusal(rid: str, status: int, message: str | None, reason: str = "error") -
 
 class OutputState:
     __slots__ = (
+        "first_at",
         "max_output",
         "min_tokens",
         "num_output",
@@ -51,6 +54,7 @@ class OutputState:
         self.req = req  # read-only here: prompt length, params, cached tokens
         self.num_output = 0
         self.sent_first = False
+        self.first_at: float | None = None  # when its first output was committed
         params = req.params
         # Read by every commit of the request: kept here rather than behind req.params.
         self.max_output = req.max_output
@@ -66,8 +70,11 @@ class OutputState:
 
 
 class OutputProcessor:
-    def __init__(self, *, eos_token_ids: Iterable[int]) -> None:
+    def __init__(
+        self, *, eos_token_ids: Iterable[int], request_stats: RequestStats | None = None
+    ) -> None:
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.request_stats = request_stats if request_stats and request_stats.enabled else None
         self._states: dict[str, OutputState] = {}
         self._pending: dict[str, TokenOutput] = {}  # this round's outputs, one per request
 
@@ -174,6 +181,7 @@ class OutputProcessor:
     def _first_output(out: TokenOutput, state: OutputState) -> None:
         """The request's first output also carries what the client learns once."""
         state.sent_first = True
+        state.first_at = time.monotonic()
         out.num_prompt_tokens = state.req.prompt_len
         out.num_cached_tokens = state.req.num_cached_tokens
         out.queue_seconds = state.req.queue_seconds
@@ -188,7 +196,20 @@ class OutputProcessor:
         status: int = 0,
         message: str | None = None,
     ) -> None:
-        out = self._output(rid, self._states.pop(rid))
+        state = self._states.pop(rid)
+        out = self._output(rid, state)
+        if self.request_stats is not None:
+            req = state.req
+            self.request_stats.finished(
+                rid,
+                reason,
+                prompt_tokens=req.prompt_len,
+                cached_tokens=req.num_cached_tokens,
+                output_tokens=state.num_output,
+                submitted_at=req.submitted_at or time.monotonic(),
+                queue_seconds=req.queue_seconds,
+                first_token_at=state.first_at,
+            )
         out.finished = True
         out.finish_reason = reason
         out.stop_reason = stop_reason

@@ -13,7 +13,13 @@ from typing import Protocol
 
 import msgspec
 
-from tokenspeed_aio.wire.messages import InboundMessage, Load, OutputBatch, TokenOutput
+from tokenspeed_aio.wire.messages import (
+    ControlReply,
+    InboundMessage,
+    Load,
+    OutputBatch,
+    TokenOutput,
+)
 
 HEARTBEAT_SECONDS = 1.0
 
@@ -40,17 +46,26 @@ class LoadReporter:
         self._last_sent = 0.0
 
     def batch(
-        self, outputs: list[TokenOutput], load: Load, jit: tuple[int, float] = (0, 0.0)
+        self,
+        outputs: list[TokenOutput],
+        load: Load,
+        jit: tuple[int, float] = (0, 0.0),
+        replies: list[ControlReply] | None = None,
     ) -> OutputBatch | None:
         load = msgspec.structs.replace(load, jit_compiles=jit[0], jit_compile_seconds=jit[1])
         now = time.monotonic()
         # The iteration counters move every forward; alone they are not news.
         state = msgspec.structs.replace(load, forward_rounds=0, forward_tokens=0)
-        if not outputs and state == self._last and now - self._last_sent < HEARTBEAT_SECONDS:
+        if (
+            not outputs
+            and not replies
+            and state == self._last
+            and now - self._last_sent < HEARTBEAT_SECONDS
+        ):
             return None
         self._last = state
         self._last_sent = now
-        return OutputBatch(outputs, load, self.replica)
+        return OutputBatch(outputs, load, self.replica, replies or [])
 
 
 class LocalTransport:

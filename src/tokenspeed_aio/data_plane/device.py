@@ -19,22 +19,22 @@ from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
 from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
 from tokenspeed_aio.data_plane.landing import LaunchedForward
 from tokenspeed_aio.data_plane.memory_profile import activation_peak_bytes
+from tokenspeed_aio.data_plane.memory_saver import MemorySaver
+from tokenspeed_aio.data_plane.profiler import ForwardProfiler
 from tokenspeed_aio.data_plane.runner import ModelRunner
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
+from tokenspeed_aio.data_plane.weight_updates import WeightUpdater
 from tokenspeed_aio.guards.compile_monitor import compile_monitor
 from tokenspeed_aio.guards.host_sync import allow_host_sync, arm_sync_debug
 from tokenspeed_aio.model.attention.registry import create_backend
 from tokenspeed_aio.model.config import ModelConfig
-from tokenspeed_aio.model.kv_cache import (
-    allocate_kv_cache,
-    kv_cache_bytes_per_block,
-    local_num_kv_heads,
-)
+from tokenspeed_aio.model.kv_cache import kv_cache_bytes_per_block, local_num_kv_heads
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
 from tokenspeed_aio.model.ops.determinism import set_batch_invariant
 from tokenspeed_aio.model.parallel import init_tensor_parallel
 from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
+from tokenspeed_aio.wire.control import InitWeightsGroup, StartProfile
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +42,20 @@ logger = logging.getLogger(__name__)
 class DeviceHandle:
     """What the running loop may ask of the device: named operations, nothing else."""
 
-    def __init__(self, runner: ModelRunner, device: torch.device) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        device: torch.device,
+        *,
+        memory: MemorySaver,
+        weights: WeightUpdater,
+        profiler: ForwardProfiler,
+    ) -> None:
         self._runner = runner
         self._device = device
+        self._memory = memory
+        self._weights = weights
+        self._profiler = profiler
 
     def enter_serving(self) -> None:
         """Startup is over: arm the sync-debug mode, then close the JIT window."""
@@ -52,7 +63,9 @@ class DeviceHandle:
         compile_monitor().mark_serving()
 
     def execute(self, plan: ExecutionPlan) -> LaunchedForward:
-        return self._runner.execute(plan)
+        launched = self._runner.execute(plan)
+        self._profiler.step()
+        return launched
 
     def idle_forward(self) -> None:
         self._runner.idle_forward()
@@ -61,7 +74,38 @@ class DeviceHandle:
         """Profiling: device busy/idle time over the forwards since the last call."""
         return self._runner.timeline.summary()
 
+    # -- control operations (low rate; the loop awaits each) --------------------------------
+    def release_memory(self, tags: list[str]) -> None:
+        self._memory.release(tags)
+
+    def resume_memory(self, tags: list[str]) -> None:
+        self._memory.resume(tags)
+
+    def stage_weights(self, update: object) -> str | None:
+        if "weights" in self._memory.released:
+            return "the weights are released: resume them before updating them"
+        return self._weights.stage(update)
+
+    def load_staged_weights(self) -> str | None:
+        return self._weights.load()
+
+    def commit_weights(self, ok: bool | None) -> None:
+        self._weights.commit(ok)
+
+    def init_weights_group(self, op: InitWeightsGroup) -> None:
+        self._weights.init_group(op)
+
+    def destroy_weights_group(self, group_name: str) -> None:
+        self._weights.destroy_group(group_name)
+
+    def start_profile(self, op: StartProfile) -> None:
+        self._profiler.start(op)
+
+    def stop_profile(self) -> str:
+        return self._profiler.stop()
+
     def shutdown(self) -> None:
+        self._memory.close()
         compile_monitor().end_serving()
         self._runner = None
         if torch.distributed.is_initialized():
@@ -161,6 +205,8 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     model = load_model(
         config, args.model, dtype=dtype, device=device, load_format=args.load_format, seed=args.seed
     )
+    memory = MemorySaver(device, vmm=args.enable_memory_saver)
+    memory.adopt_weights(model)
     kv_heads = local_num_kv_heads(config.num_key_value_heads, rank.tp_size)
     page = args.page_size
     per_block = kv_cache_bytes_per_block(
@@ -198,8 +244,8 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         with allow_host_sync():
             torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
             num_blocks = int(agreed.item())
-    k_caches, v_caches = allocate_kv_cache(
-        config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype, device
+    k_caches, v_caches = memory.allocate_kv_cache(
+        config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype
     )
     runner = ModelRunner(
         model=model,
@@ -213,6 +259,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         eos_token_ids=config.eos_token_ids,
         device=device,
     )
+    memory.bind_runner(runner)
     if device.type == "cuda" and not args.enforce_eager and backend.supports_cuda_graphs:
         sizes = args.cudagraph_capture_sizes or default_capture_sizes(
             min(args.max_cudagraph_capture_size, args.max_num_seqs)
@@ -245,4 +292,13 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         attention_backend=backend_name,
         kv_bytes_per_block=per_block,
     )
-    return DeviceBuild(specs=specs, handle=DeviceHandle(runner, device))
+    engine_rank = rank.dp_rank * rank.tp_size + rank.tp_rank
+    weights = WeightUpdater(model, config, device, engine_rank=engine_rank, tp_rank=rank.tp_rank)
+    handle = DeviceHandle(
+        runner,
+        device,
+        memory=memory,
+        weights=weights,
+        profiler=ForwardProfiler(device, engine_rank),
+    )
+    return DeviceBuild(specs=specs, handle=handle)

@@ -22,6 +22,7 @@ from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.control.data_plane import PendingExecution
 from tokenspeed_aio.data_plane.gc_hooks import GcHooks
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
+from tokenspeed_aio.errors import EngineError
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
 
 logger = logging.getLogger(__name__)
@@ -104,11 +105,11 @@ class ForwardThreadDataPlane:
         """Profiling: device busy/idle milliseconds since the last call (None on CPU)."""
         return await self._ask("forward_timeline")
 
-    async def _ask(self, operation: str):
+    async def _ask(self, operation: str, *args: Any):
         """A low-rate DeviceHandle operation whose answer the caller needs, queued
         behind the forwards already submitted."""
         fut = self._loop.create_future()
-        self._ops.put((self._named, operation, fut))
+        self._ops.put((self._named, (operation, args), fut))
         return await fut
 
     def execute(self, plan: ExecutionPlan) -> PendingExecution:
@@ -118,6 +119,34 @@ class ForwardThreadDataPlane:
 
     async def idle_forward(self) -> None:
         await self._ask("idle_forward")
+
+    # -- control operations (control/control.py), each awaited -----------------------------
+    async def release_memory(self, tags: list[str]) -> None:
+        await self._ask("release_memory", tags)
+
+    async def resume_memory(self, tags: list[str]) -> None:
+        await self._ask("resume_memory", tags)
+
+    async def stage_weights(self, update: object) -> str | None:
+        return await self._ask("stage_weights", update)
+
+    async def load_staged_weights(self) -> str | None:
+        return await self._ask("load_staged_weights")
+
+    async def commit_weights(self, ok: bool | None) -> None:
+        await self._ask("commit_weights", ok)
+
+    async def init_weights_group(self, op: object) -> None:
+        await self._ask("init_weights_group", op)
+
+    async def destroy_weights_group(self, group_name: str) -> None:
+        await self._ask("destroy_weights_group", group_name)
+
+    async def start_profile(self, op: object) -> None:
+        await self._ask("start_profile", op)
+
+    async def stop_profile(self) -> str:
+        return await self._ask("stop_profile")
 
     async def shutdown(self) -> None:
         fut = self._loop.create_future()
@@ -135,7 +164,10 @@ class ForwardThreadDataPlane:
                 if op(arg, fut) is _Stop:
                     return
             except BaseException as err:  # a failed op fails its caller, not the thread
-                logger.exception("data-plane operation %s failed", op.__name__)
+                if isinstance(err, EngineError):  # a refusal the caller answers with
+                    logger.info("data-plane operation refused: %s", err)
+                else:
+                    logger.exception("data-plane operation %s failed", op.__name__)
                 futures = (
                     (fut.launched, fut.landed) if isinstance(fut, PendingExecution) else (fut,)
                 )
@@ -149,10 +181,12 @@ class ForwardThreadDataPlane:
         self._handle = device_build.handle
         self._loop.call_soon_threadsafe(_resolve, fut, device_build.specs)
 
-    def _named(self, operation: str, fut: asyncio.Future) -> None:
+    def _named(self, call: tuple[str, tuple], fut: asyncio.Future) -> None:
+        operation, args = call
         if operation == "idle_forward":  # idle forwards count: GC rounds stay rank-identical
             self.gc_hooks.forwarded()
-        self._loop.call_soon_threadsafe(_resolve, fut, getattr(self._handle, operation)())
+        result = getattr(self._handle, operation)(*args)
+        self._loop.call_soon_threadsafe(_resolve, fut, result)
 
     def _execute(self, plan: ExecutionPlan, pending: PendingExecution) -> None:
         launched = self._handle.execute(plan)

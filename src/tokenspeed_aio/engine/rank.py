@@ -11,6 +11,8 @@ import importlib.util
 import logging
 
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.control.batch_log import BatchLog
+from tokenspeed_aio.control.control import Control
 from tokenspeed_aio.control.dp import DpAgreement, DpGroup
 from tokenspeed_aio.control.event_loop import EventLoop
 from tokenspeed_aio.control.faults import FaultInjector
@@ -18,6 +20,7 @@ from tokenspeed_aio.control.grammar import GrammarQueue
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.output import OutputProcessor
 from tokenspeed_aio.control.relay import Relay, ReplicaGroup
+from tokenspeed_aio.control.request_stats import RequestStats
 from tokenspeed_aio.control.transport import Transport
 from tokenspeed_aio.data_plane.gc_hooks import freeze_startup_heap
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
@@ -43,11 +46,33 @@ def _grammar_backend(args: EngineArgs, specs: DeviceSpecs):
     return XGrammarBackend(args.tokenizer or args.model, specs.vocab_size, specs.eos_token_ids)
 
 
+def _kv_event_publisher(args: EngineArgs, specs: DeviceSpecs, rank: RankInfo):
+    """The replica's ZMQ KV-event publisher (its first member's; the others mirror it)."""
+    if args.kv_events_endpoint is None or rank.tp_rank != 0:
+        return None
+    from tokenspeed_aio.control.kv_publisher import ZmqKVEventPublisher, replica_endpoints
+
+    pub, replay = replica_endpoints(
+        args.kv_events_endpoint, args.kv_events_replay_endpoint, rank.dp_rank
+    )
+    logger.info("publishing KV events on %s (replay %s)", pub, replay)
+    return ZmqKVEventPublisher(
+        pub,
+        replay,
+        block_size=specs.page_size,
+        dp_rank=rank.dp_rank,
+        queue_size=args.kv_events_queue_size,
+    )
+
+
 class EngineRank:
-    def __init__(self, loop: EventLoop, data_plane, specs: DeviceSpecs) -> None:
+    def __init__(self, loop: EventLoop, data_plane, specs: DeviceSpecs, kv_publisher=None) -> None:
         self.loop = loop
         self.data_plane = data_plane
         self.specs = specs
+        self.kv_publisher = kv_publisher
+        if kv_publisher is not None:
+            loop.kv_events.subscribe(kv_publisher.publish)
 
     @classmethod
     async def start(
@@ -89,11 +114,21 @@ class EngineRank:
             data_plane=data_plane,
             relay=Relay(transport, group, is_owner=rank.tp_rank == 0),
             ingress=Ingress(max_model_len=specs.max_model_len),
-            output=OutputProcessor(eos_token_ids=specs.eos_token_ids),
+            output=OutputProcessor(
+                eos_token_ids=specs.eos_token_ids,
+                request_stats=RequestStats(args.log_request_stats and rank.tp_rank == 0),
+            ),
             in_flight_depth=args.in_flight_depth,
             replica=rank.dp_rank,
             dp=DpAgreement(dp_group) if dp_group is not None else None,
             faults=faults,
+            control=Control(
+                data_plane,
+                dp_group if dp_group is not None else group,
+                dp=dp_group is not None,
+                weight_version=args.weight_version,
+            ),
+            batch_log=BatchLog(args.log_batch_interval if rank.tp_rank == 0 else 0, rank.dp_rank),
         )
         logger.info(
             "rank ready: %d KV blocks of %d tokens (%d concurrent tokens), %s %s, attention %s",
@@ -104,7 +139,12 @@ class EngineRank:
             specs.dtype,
             specs.attention_backend,
         )
-        return cls(loop, data_plane, specs)
+        try:
+            publisher = _kv_event_publisher(args, specs, rank)
+        except BaseException:
+            await data_plane.shutdown()
+            raise
+        return cls(loop, data_plane, specs, publisher)
 
     async def serve(self) -> None:
         """Enter serving (sync-debug armed, startup heap frozen), run rounds until a
@@ -116,4 +156,6 @@ class EngineRank:
         finally:
             if self.loop.grammar.backend is not None:
                 self.loop.grammar.backend.shutdown()
+            if self.kv_publisher is not None:
+                await asyncio.to_thread(self.kv_publisher.close)
             await self.data_plane.shutdown()

@@ -43,6 +43,12 @@ def rank_main(launch: RankLaunch, ready_fd: int) -> None:
         format=f"%(asctime)s rank{launch.rank} %(levelname)s %(name)s: %(message)s",
     )
     ready = os.fdopen(ready_fd, "wb", buffering=0)
+    async_logs = None
+    if launch.args.enable_async_logging:
+        from tokenspeed_aio.engine.async_logging import AsyncLogging
+
+        async_logs = AsyncLogging()
+        async_logs.install()
 
     def report(kind: str, value: str | None = None) -> None:
         ready.write(json.dumps({"kind": kind, "value": value}).encode() + b"\n")
@@ -51,11 +57,15 @@ def rank_main(launch: RankLaunch, ready_fd: int) -> None:
         _run(launch, report)
     except BaseException as err:
         logger.error("rank %d failed: %r", launch.rank, err, exc_info=True)
+        if async_logs is not None:  # the records reach the stream before the launcher hears
+            async_logs.shutdown()
         try:
             report("failed", f"{err!r}\n{traceback.format_exc(limit=8)}")
         except OSError:
             logger.error("the launcher is gone; exiting")
         os._exit(1)
+    if async_logs is not None:
+        async_logs.shutdown()
 
 
 def _run(launch: RankLaunch, report) -> None:
@@ -112,7 +122,7 @@ async def _serve(launch: RankLaunch, report) -> None:
             EngineRegistration(
                 wire_version=WIRE_VERSION,
                 replica=ranks.dp_rank,
-                request_types=("generate", "abort"),
+                request_types=("generate", "abort", "control"),
                 role="plain",
                 model=(args.served_model_names or [args.model])[0],
                 max_model_len=specs.max_model_len,

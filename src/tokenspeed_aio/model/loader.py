@@ -74,6 +74,23 @@ def load_model(
     return model
 
 
+def meta_model(config: ModelConfig, dtype: torch.dtype) -> nn.Module:
+    """The model's structure on the meta device (no memory): this rank's shard shapes, for
+    checking a weight update's names and shapes with the same loaders, loading nothing."""
+    with torch.device("meta"), _default_dtype(dtype):
+        return get_model_class(config.architecture)(config)
+
+
+def safetensors_shapes(files: list[Path]) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor of the shards, from their headers alone."""
+    shapes = []
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as handle:
+            for name in handle.keys():  # noqa: SIM118 (handles are not iterable)
+                shapes.append((name, tuple(handle.get_slice(name).get_shape())))
+    return shapes
+
+
 def safetensors_files(model_path: Path) -> list[Path]:
     """The checkpoint's shards: those the index names if there is one (repos such as
     Mistral's also ship a consolidated file with other tensor names), else every file."""

@@ -74,6 +74,7 @@ class MetaInfo(msgspec.Struct):
     output_token_logprobs: list[tuple[float, int, None]] | None = None
     # per generated token: its top_logprobs_num alternatives as (logprob, token id, None)
     output_top_logprobs: list[list[tuple[float, int, None]]] | None = None
+    weight_version: str | None = None  # the weights' version that produced this output
 
 
 class GenerateResult(msgspec.Struct, omit_defaults=True):

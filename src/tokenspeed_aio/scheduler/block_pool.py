@@ -143,6 +143,9 @@ class BlockPool:
         self.events.cleared()
         return True
 
+    def cached_hashes(self) -> set[int]:
+        return set(self._cache)
+
     def check_idle(self) -> None:
         """Leak check: with no request resident, every block is free and unreferenced."""
         active = [b for b in range(1, self.num_blocks) if self._ref[b]]

@@ -68,9 +68,14 @@ class Scheduler(AdmissionMixin):
                 self._finish(req)
 
     # -- plan ---------------------------------------------------------------
-    def next_execution_plan(self) -> ExecutionPlan:
+    def next_execution_plan(self, allow_forward: bool = True) -> ExecutionPlan:
+        """The round's plan. ``allow_forward=False`` (a frozen round: a keep pause, memory
+        released) plans no forward: only cache and storage work, of which this scheduler has
+        none yet, so the plan is empty."""
         plan = ExecutionPlan(plan_id=self._next_plan_id)
         self._next_plan_id += 1
+        if not allow_forward:
+            return plan
         budget = self.config.max_num_batched_tokens
         # Rows and, aligned with them, their requests for the commit: decodes first.
         decodes: list[ScheduledRow] = []
@@ -219,6 +224,19 @@ class Scheduler(AdmissionMixin):
         req.status = Status.FINISHED
         if req.num_inflight == 0:
             del self.requests[req.rid]
+
+    # -- the prefix cache, as control operations see it ------------------------------
+    def can_clear_cache(self) -> bool:
+        """Whether a flush may run now (non-mutating): no request holds a KV block."""
+        return self.pool.num_active == 0
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix (an AllBlocksCleared event); False while blocks are held."""
+        return self.pool.reset_prefix_cache()
+
+    def cached_block_hashes(self) -> set[int]:
+        """The prefix cache's keys (diagnostics and tests: what KV-event subscribers rebuild)."""
+        return self.pool.cached_hashes()
 
     # -- reporting --------------------------------------------------------------
     def drain_kv_events(self) -> list[KVEvent]:

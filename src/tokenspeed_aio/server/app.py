@@ -34,6 +34,7 @@ from tokenspeed_aio.server.openapi import install_openapi
 from tokenspeed_aio.server.options import ServerOptions
 from tokenspeed_aio.server.routes_chat import chat_router
 from tokenspeed_aio.server.routes_completions import completions_router
+from tokenspeed_aio.server.routes_control import control_router
 from tokenspeed_aio.server.routes_info import info_router
 from tokenspeed_aio.server.routes_sglang import sglang_router
 from tokenspeed_aio.server.routes_tokenize import tokenize_router
@@ -79,7 +80,10 @@ def build_app(
     app = FastAPI(title="tokenspeed_aio", summary="OpenAI-compatible LLM serving")
     app.state.context = ctx
     install_error_handlers(app)
-    routers = (info_router, completions_router, chat_router, sglang_router, tokenize_router)
+    routers = (
+        info_router, completions_router, chat_router, sglang_router, control_router,
+        tokenize_router,
+    )  # fmt: skip
     for router in routers:
         app.include_router(router(ctx))
     install_openapi(app)

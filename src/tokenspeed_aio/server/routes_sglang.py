@@ -1,6 +1,6 @@
 """SGLang's native routes: POST /generate (text or input_ids, one or a batch, streamed
-or not) and POST /abort_request. SGLang's admin routes (pause, weight updates,
-memory release) will live beside these."""
+or not) and POST /abort_request. SGLang's control routes (pause, weight updates, memory
+release) are routes_control.py's."""
 
 from __future__ import annotations
 
@@ -142,6 +142,7 @@ def result(job: Job, out: RequestOutput, arrival: float, batch: bool) -> Generat
         e2e_latency=time.monotonic() - arrival,
         output_token_logprobs=token_lps,
         output_top_logprobs=top_lps,
+        weight_version=out.weight_version or None,
     )
     return GenerateResult(out.text, out.token_ids, meta, job.index if batch else None)
 

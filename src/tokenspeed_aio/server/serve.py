@@ -23,12 +23,22 @@ def run_server(args: EngineArgs, ns: argparse.Namespace) -> int:
     logging.basicConfig(
         level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        import uvloop
+    async_logs = None
+    if args.enable_async_logging:
+        from tokenspeed_aio.engine.async_logging import AsyncLogging
 
-        return uvloop.run(_serve(args, ns))
-    except ImportError:
-        return asyncio.run(_serve(args, ns))
+        async_logs = AsyncLogging()
+        async_logs.install()
+    try:
+        try:
+            import uvloop
+
+            return uvloop.run(_serve(args, ns))
+        except ImportError:
+            return asyncio.run(_serve(args, ns))
+    finally:
+        if async_logs is not None:
+            async_logs.shutdown()
 
 
 async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:

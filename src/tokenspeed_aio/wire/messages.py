@@ -10,8 +10,9 @@ from __future__ import annotations
 import msgspec
 
 from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.wire.control import ControlCall, ControlReply
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 
 
 # -- frontend -> engine -------------------------------------------------------
@@ -35,7 +36,9 @@ class Wake(msgspec.Struct, tag=True, array_like=True):
     messages so the replicas' rounds (and their DP exchange) run in step at once."""
 
 
-InboundMessage = GenerateRequest | AbortRequest | StopEngine | Wake
+# A ControlCall (wire/control.py: pause, memory release, a weight update, ...) is answered
+# by a ControlReply under its call id, in an OutputBatch's replies.
+InboundMessage = GenerateRequest | AbortRequest | StopEngine | Wake | ControlCall
 
 
 # -- engine -> frontend -------------------------------------------------------
@@ -82,6 +85,7 @@ class OutputBatch(msgspec.Struct, tag=True, array_like=True):
     outputs: list[TokenOutput]
     load: Load
     replica: int = 0  # which attention-DP replica sent it
+    replies: list[ControlReply] = msgspec.field(default_factory=list)  # control calls answered
 
 
 OutboundMessage = OutputBatch
@@ -94,7 +98,7 @@ class EngineRegistration(msgspec.Struct, tag=True, frozen=True):
 
     wire_version: int
     replica: int  # attention-DP replica index
-    request_types: tuple[str, ...]  # message kinds it takes ("generate", "abort")
+    request_types: tuple[str, ...]  # message kinds it takes ("generate", "abort", "control")
     role: str  # "plain" (PD roles later)
     model: str
     max_model_len: int

@@ -1,14 +1,16 @@
 """Which kernel runs a product: the shape-table dispatch of every linear layer.
 
 Batch-1 products on CUDA whose weight shape has a measured Triton config
-(``tokenspeed_kernels.gemv``'s tables: the shapes where it read the weight faster than
-cuBLAS, with a SwiGLU's activation as the product's epilogue for gate/up) run that kernel,
-and 16-bit products of 2 to 64 rows likewise ``tokenspeed_kernels.skinny_gemm`` (its tables
-keyed by shape and row bucket); everything else is ``F.linear``. A column-parallel layer
-fed by an RMSNorm takes the norm, and the residual add before it, as the product's
-prologue where the norm table has its shape (``norm_linear``): one launch fewer per norm; a
-batch-1 qkv projection also takes RoPE and the KV-cache write as its epilogue where
-``gemv_rope_kv``'s table has its shape (``norm_linear_rope_kv``): one launch fewer per layer.
+(``tokenspeed_kernels.gemv``'s tables for the tensor's GPU: the shapes where it read the
+weight faster than cuBLAS, with a SwiGLU's activation as the product's epilogue for gate/up)
+run that kernel, and 16-bit products of 2 to 64 rows likewise
+``tokenspeed_kernels.skinny_gemm`` (its tables keyed by shape and row bucket); everything
+else is ``F.linear``, as is every product on a GPU without tables
+(``tokenspeed_kernels.tuning``). A column-parallel layer fed by an RMSNorm takes the norm,
+and the residual add before it, as the product's prologue where the norm table has its shape
+(``norm_linear``): one launch fewer per norm; a batch-1 qkv projection also takes RoPE and
+the KV-cache write as its epilogue where ``gemv_rope_kv``'s table has its shape
+(``norm_linear_rope_kv``): one launch fewer per layer.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def linear(
             from tokenspeed_kernels import skinny_gemm as kernel
 
             product, key = kernel.skinny_gemm, (*weight.shape, kernel.m_bucket(rows))
-        if act_silu_mul and bias is None and key in kernel.SILU_MUL_CONFIGS:
-            return product(x, weight, None, kernel.SILU_MUL_CONFIGS[key], silu_mul=True)
-        config = kernel.CONFIGS.get(key)
+        if act_silu_mul and bias is None:
+            config = kernel.configs(x.device, silu_mul=True).get(key)
+            if config is not None:
+                return product(x, weight, None, config, silu_mul=True)
+        config = kernel.configs(x.device).get(key)
         y = product(x, weight, bias, config) if config else F.linear(x, weight, bias)
     else:
         y = F.linear(x, weight, bias)
@@ -71,9 +75,9 @@ def norm_linear(
     config, else the norm layer then ``linear``. Norms are replicated, so this holds on every
     tensor-parallel rank."""
     if x.is_cuda and x.shape[0] == 1 and not batch_invariant():
-        from tokenspeed_kernels.gemv import NORM_CONFIGS, norm_gemv
+        from tokenspeed_kernels.gemv import norm_configs, norm_gemv
 
-        config = NORM_CONFIGS.get((*weight.shape, act_silu_mul))
+        config = norm_configs(x.device).get((*weight.shape, act_silu_mul))
         if config is not None:
             return norm_gemv(
                 x, residual, norm.weight, norm.eps, weight, bias, config, silu_mul=act_silu_mul
@@ -100,11 +104,11 @@ def norm_linear_rope_kv(
     product, then the attention backend's store)."""
     if not (x.is_cuda and x.shape[0] == 1) or batch_invariant():
         return None
-    from tokenspeed_kernels.gemv_rope_kv import ROPE_KV_CONFIGS, norm_gemv_rope_kv
+    from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv, rope_kv_configs
 
     rotary_emb, positions = kv.rope
     cos_sin = rotary_emb.cos_sin_cache
-    config = ROPE_KV_CONFIGS.get(tuple(weight.shape))
+    config = rope_kv_configs(x.device).get(tuple(weight.shape))
     if config is None or cos_sin.shape[1] != kv.k_cache.shape[-1]:
         return None
     return norm_gemv_rope_kv(
