@@ -6,26 +6,14 @@ the test can fail: CPU BLAS orders a row's sums by the batch's shape)."""
 from __future__ import annotations
 
 import pytest
-from helpers.determinism import TARGETS, alone, batched, run
+from helpers.determinism import alone, batched, check_batch_invariance
 
 ENGINE = dict(page_size=4, num_kv_blocks=2048, max_num_seqs=64, max_model_len=512)
 
 
 @pytest.mark.timeout(900)
 async def test_results_do_not_depend_on_the_batch(ckpt, start_engine):
-    path = ckpt("llama")
-    engine = await start_engine(path, enable_deterministic_inference=True, **ENGINE)
-    reference = await alone(engine)
-    for size in (2, 8, 64):
-        assert await batched(engine, size) == reference, f"batch of {size}"
-    # Prefix hits: each target again, now beside a request with the same prompt that ran
-    # first, so its prompt comes (all but the last block) from the prefix cache.
-    again = await run(engine, TARGETS)
-    assert again == reference
-    chunked = await start_engine(
-        path, enable_deterministic_inference=True, chunked_prefill_size=16, **ENGINE
-    )
-    assert await batched(chunked, 16) == reference, "prefill chunks of 16 tokens"
+    await check_batch_invariance(ckpt("llama"), start_engine, ENGINE)
 
 
 async def test_without_the_mode_a_batch_changes_some_result(ckpt, start_engine):

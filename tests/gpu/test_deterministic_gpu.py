@@ -5,7 +5,7 @@ logprobs alone, in batches, after prefix hits and with small prefill chunks."""
 from __future__ import annotations
 
 import pytest
-from helpers.determinism import TARGETS, alone, batched, run
+from helpers.determinism import check_batch_invariance
 
 ENGINE = dict(device="cuda", dtype="bfloat16", page_size=16, num_kv_blocks=2048,
               max_num_seqs=64, max_model_len=512)  # fmt: skip
@@ -13,13 +13,4 @@ ENGINE = dict(device="cuda", dtype="bfloat16", page_size=16, num_kv_blocks=2048,
 
 @pytest.mark.timeout(900)
 async def test_results_do_not_depend_on_the_batch_on_gpu(ckpt, start_engine):
-    path = ckpt("llama")
-    engine = await start_engine(path, enable_deterministic_inference=True, **ENGINE)
-    reference = await alone(engine)
-    for size in (2, 8, 64):
-        assert await batched(engine, size) == reference, f"batch of {size}"
-    assert await run(engine, TARGETS) == reference, "prefix hits"
-    chunked = await start_engine(
-        path, enable_deterministic_inference=True, chunked_prefill_size=16, **ENGINE
-    )
-    assert await batched(chunked, 16) == reference, "prefill chunks of 16 tokens"
+    await check_batch_invariance(ckpt("llama"), start_engine, ENGINE)

@@ -47,3 +47,19 @@ async def batched(engine, size: int) -> list[tuple]:
     for start in range(0, len(TARGETS), size):
         results += (await run(engine, pool[start : start + size]))[: len(TARGETS) - start]
     return results
+
+
+async def check_batch_invariance(path, start_engine, engine_args: dict) -> None:
+    """The targets alone are the reference; in batches of 2, 8 and 64, again with their
+    prompts in the prefix cache, and on an engine with 16-token prefill chunks, every
+    token id and logprob must equal it."""
+    engine = await start_engine(path, enable_deterministic_inference=True, **engine_args)
+    reference = await alone(engine)
+    for size in (2, 8, 64):
+        assert await batched(engine, size) == reference, f"batch of {size}"
+    # Prefix hits: the targets again, their prompts (all but the last block) now cached.
+    assert await run(engine, TARGETS) == reference, "prefix hits"
+    chunked = await start_engine(
+        path, enable_deterministic_inference=True, chunked_prefill_size=16, **engine_args
+    )
+    assert await batched(chunked, 16) == reference, "prefill chunks of 16 tokens"

@@ -80,6 +80,15 @@ def repeated(
     return sequence(*parts) if len(parts) > 1 else item
 
 
+def json_call(tool: dict[str, Any], args_key: str, begin: str = "", end: str = "") -> dict:
+    """``begin{"name": NAME, "<args_key>": <arguments per the tool's schema>}end``."""
+    return sequence(
+        const(f'{begin}{{"name": {json.dumps(tool["name"])}, "{args_key}": '),
+        schema_part(schema_of(tool)),
+        const("}" + end),
+    )
+
+
 def structural_tag(fmt: dict[str, Any]) -> str:
     return json.dumps({"type": "structural_tag", "format": fmt})
 
@@ -114,7 +123,11 @@ class ToolParser(ABC):
     def new_id(self) -> str:
         return call_id(self.id_length)
 
-    def finish(self, extraction: Extraction) -> Extraction:
-        for call in extraction.calls:
+    def found(self, text: str, calls: list[ParsedCall] | None, content: str | None = None):
+        """The extraction: ``calls`` (ids given) with ``content``, or, when no call parsed,
+        the whole text as content."""
+        if not calls:
+            return Extraction(text, [])
+        for call in calls:
             call.id = call.id or self.new_id()
-        return extraction
+        return Extraction(content, calls)

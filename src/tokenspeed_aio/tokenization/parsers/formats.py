@@ -16,6 +16,7 @@ from tokenspeed_aio.tokenization.parsers.base import (
     ToolParser,
     arguments_text,
     const,
+    json_call,
     repeated,
     schema_of,
     schema_part,
@@ -75,18 +76,10 @@ class HermesParser(ToolParser):
                     break
                 return Extraction(text, [])
             objects.append(values[0])
-        calls = _calls(objects, "arguments")
-        if calls is None:
-            return Extraction(text, [])
-        content = text[:start].strip() or None
-        return self.finish(Extraction(content, calls))
+        return self.found(text, _calls(objects, "arguments"), text[:start].strip() or None)
 
     def call_format(self, tool: dict[str, Any]) -> dict[str, Any]:
-        return sequence(
-            const(f'<tool_call>\n{{"name": {json.dumps(tool["name"])}, "arguments": '),
-            schema_part(schema_of(tool)),
-            const("}\n</tool_call>"),
-        )
+        return json_call(tool, "arguments", begin="<tool_call>\n", end="\n</tool_call>")
 
 
 class Llama3JsonParser(ToolParser):
@@ -103,17 +96,10 @@ class Llama3JsonParser(ToolParser):
         if not body.startswith("{"):
             return Extraction(text, [])
         values = _json_values(body)
-        calls = None if values is None else _calls(values, "parameters")
-        if not calls:
-            return Extraction(text, [])
-        return self.finish(Extraction(None, calls))
+        return self.found(text, None if values is None else _calls(values, "parameters"))
 
     def call_format(self, tool: dict[str, Any]) -> dict[str, Any]:
-        return sequence(
-            const(f'{{"name": {json.dumps(tool["name"])}, "parameters": '),
-            schema_part(schema_of(tool)),
-            const("}"),
-        )
+        return json_call(tool, "parameters")
 
     def constraint(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         return structural_tag(repeated(self.calls_of(tools), "; ", parallel))
@@ -152,16 +138,10 @@ class MistralParser(ToolParser):
                     calls = None
                     break
                 calls.append(ParsedCall(name.strip(), arguments_text(values[0])))
-        if not calls:
-            return Extraction(text, [])
-        return self.finish(Extraction(text[:start].strip() or None, calls))
+        return self.found(text, calls, text[:start].strip() or None)
 
     def call_format(self, tool: dict[str, Any]) -> dict[str, Any]:
-        return sequence(
-            const(f'{{"name": {json.dumps(tool["name"])}, "arguments": '),
-            schema_part(schema_of(tool)),
-            const("}"),
-        )
+        return json_call(tool, "arguments")
 
     def constraint(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         fmt = repeated(self.calls_of(tools), ", ", parallel, begin="[TOOL_CALLS][", end="]")
@@ -190,7 +170,7 @@ class PythonicParser(ToolParser):
             calls = [self._call(node) for node in tree.elts]
         except (SyntaxError, ValueError):
             return Extraction(text, [])
-        return self.finish(Extraction(None, calls))
+        return self.found(text, calls)
 
     def _call(self, node: ast.expr) -> ParsedCall:
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
@@ -236,17 +216,10 @@ class JsonArrayParser(ToolParser):
         values = _json_values(text.strip())
         if not values or len(values) != 1 or not isinstance(values[0], list):
             return Extraction(text, [])
-        calls = _calls(values[0], "parameters")
-        if not calls:
-            return Extraction(text, [])
-        return self.finish(Extraction(None, calls))
+        return self.found(text, _calls(values[0], "parameters"))
 
     def call_format(self, tool: dict[str, Any]) -> dict[str, Any]:
-        return sequence(
-            const(f'{{"name": {json.dumps(tool["name"])}, "parameters": '),
-            schema_part(schema_of(tool)),
-            const("}"),
-        )
+        return json_call(tool, "parameters")
 
     def constraint(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         fmt = repeated(self.calls_of(tools), ", ", parallel, begin="[", end="]")
