@@ -19,7 +19,16 @@ KERNELS = "tokenspeed_kernels"
 # below it, never one above. The package root (its lazy public exports) is the top.
 LAYERS: list[set[str]] = [
     # values every layer shares, the wire, and the frontend's text and protocol shapes
-    {"sampling_params", "errors", "args", "model_source", "wire", "tokenization", "protocol"},
+    {
+        "sampling_params",
+        "errors",
+        "args",
+        "model_source",
+        "generation_config",
+        "wire",
+        "tokenization",
+        "protocol",
+    },
     {"grammar"},
     {"scheduler", "collective"},
     {"control"},

@@ -1,10 +1,16 @@
 """Triton kernels of tokenspeed_aio, each with a pure-torch reference in ``reference.py``.
 
+The kernels are exported lazily: importing the package (or its torch-only modules, such
+as ``noise``) does not import Triton, so a CPU-only process that runs no kernel never
+loads it -- Triton's nanobind extension otherwise reports its module-level objects as
+leaked at every interpreter exit.
+
 NOTE: on a host without CUDA the kernels run under Triton's interpreter. Triton reads
 ``TRITON_INTERPRET`` when a kernel is decorated, so it is set here, before the kernel modules
 are imported (an explicit setting in the environment wins).
 """
 
+import importlib
 import os
 
 import torch
@@ -12,22 +18,28 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tokenspeed_kernels.activation import silu_and_mul
-from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
-from tokenspeed_kernels.extend_attention import extend_attention
-from tokenspeed_kernels.kv_write import kv_write
-from tokenspeed_kernels.rmsnorm import fused_add_rms_norm, rms_norm
-from tokenspeed_kernels.rotary import apply_rotary
-from tokenspeed_kernels.sampling import sample
+_EXPORTS = {
+    "apply_rotary": "rotary",
+    "decode_attention": "decode_attention",
+    "extend_attention": "extend_attention",
+    "fused_add_rms_norm": "rmsnorm",
+    "kv_write": "kv_write",
+    "num_kv_splits_for": "decode_attention",
+    "rms_norm": "rmsnorm",
+    "sample": "sampling",
+    "silu_and_mul": "activation",
+}
 
-__all__ = [
-    "apply_rotary",
-    "decode_attention",
-    "extend_attention",
-    "fused_add_rms_norm",
-    "kv_write",
-    "num_kv_splits_for",
-    "rms_norm",
-    "sample",
-    "silu_and_mul",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # a submodule named as an attribute (``tokenspeed_kernels.gemv``)
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

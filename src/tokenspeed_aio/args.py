@@ -22,9 +22,9 @@ DISAGGREGATION_MODES = ("plain", "prefill", "decode")
 
 @dataclass
 class EngineArgs:
-    model: str | None = None  # a local HF checkpoint dir; None: the built-in default model
+    model: str | None = None  # a local HF checkpoint dir or a hub id; None: the default model
     tokenizer: str | None = None  # defaults to the model dir
-    served_model_name: str | None = None
+    served_model_name: str | list[str] | None = None  # the first is the name responses carry
     dtype: str = "auto"
     load_format: str = "auto"
     device: str = "auto"
@@ -69,6 +69,10 @@ class EngineArgs:
     disaggregation_bootstrap_port: int = 8998
     disaggregation_bootstrap_timeout: float = 300.0
     disaggregation_host: str | None = None
+    # Sampling defaults for fields a request leaves unset: "auto" (the checkpoint's
+    # generation_config.json), "vllm" (none: the API's own defaults) or a directory.
+    generation_config: str = "auto"
+    enable_deterministic_inference: bool = False  # batch-invariant kernels (docs/determinism.md)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -155,6 +159,20 @@ class EngineArgs:
         )
         if self.disaggregation_mode != "plain":
             check(self.dp == 1, "dp", "prefill/decode disaggregation runs one replica (dp=1)")
+        if isinstance(self.served_model_name, list):
+            check(
+                bool(self.served_model_name) and all(self.served_model_name),
+                "served_model_name",
+                "needs at least one non-empty name",
+            )
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """Every name clients may use for the model (empty: not decided yet)."""
+        name = self.served_model_name
+        if name is None:
+            return []
+        return [name] if isinstance(name, str) else list(name)
 
     @property
     def world_size(self) -> int:
@@ -172,9 +190,11 @@ class EngineArgs:
 
 # -- the flag table: one ``serve``/``bench`` flag per field ---------------------------
 ENGINE_HELP = {
-    "model": "local Hugging Face checkpoint directory (default: the built-in toy model)",
-    "tokenizer": "tokenizer directory (default: the model directory)",
-    "served_model_name": "the model name clients use (default: the model directory's name)",
+    "model": "a Hugging Face checkpoint directory, or a hub id (ORG/NAME) found in the local "
+    "HF cache or downloaded when online (None: the built-in toy model)",
+    "tokenizer": "tokenizer directory (None: the model directory)",
+    "served_model_name": "the model name(s) clients use; responses carry the first "
+    "(None: the model directory's name, or the hub id)",
     "dtype": "weights and activations dtype: auto (the checkpoint's), float32, bfloat16, float16",
     "load_format": "auto/safetensors: read the checkpoint's weights; dummy: random weights",
     "device": "auto (cuda when available), cpu or cuda",
@@ -227,6 +247,21 @@ ENGINE_HELP = {
     "unclaimed room, a decode waiting for its KV) before it fails",
     "disaggregation_host": "the address other engines reach this engine's transfer endpoints "
     "at (default: this machine's address)",
+    "generation_config": "sampling defaults for fields a request leaves unset: auto (the "
+    "checkpoint's generation_config.json), vllm (none), or a directory holding one",
+    "enable_deterministic_inference": "batch-invariant matmul, attention and sampling: a "
+    "request's greedy tokens and logprobs do not depend on what runs beside it (slower)",
+}
+
+# Other engines' spellings of our flags, so launch scripts written for vLLM or SGLang run
+# unchanged (docs/flags.md).
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "model": ("--model-path",),
+    "tp": ("--tensor-parallel-size", "--tp-size"),
+    "dp": ("--data-parallel-size", "--dp-size"),
+    "chunked_prefill_size": ("--max-num-batched-tokens",),
+    "max_model_len": ("--context-length",),
+    "gpu_memory_utilization": ("--mem-fraction-static",),
 }
 
 
@@ -241,21 +276,27 @@ def _flag_type(field: dataclasses.Field):
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     for field in dataclasses.fields(EngineArgs):
-        name = "--" + field.name.replace("_", "-")
+        names = ("--" + field.name.replace("_", "-"), *FLAG_ALIASES.get(field.name, ()))
         kind = _flag_type(field)
         help_text = ENGINE_HELP[field.name]
-        if kind is bool:
+        common = dict(dest=field.name, help=help_text)
+        if field.name == "served_model_name":
+            group.add_argument(*names, nargs="+", default=None, **common)
+        elif kind is bool:
             group.add_argument(
-                name, action=argparse.BooleanOptionalAction, default=field.default, help=help_text
+                *names, action=argparse.BooleanOptionalAction, default=field.default, **common
             )
         elif typing.get_origin(kind) is list:
-            group.add_argument(name, type=int, nargs="+", default=None, help=help_text)
+            group.add_argument(*names, type=int, nargs="+", default=None, **common)
         else:
-            group.add_argument(name, type=kind, default=field.default, help=help_text)
+            group.add_argument(*names, type=kind, default=field.default, **common)
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)}
     if getattr(ns, "model_pos", None):
         values["model"] = ns.model_pos
+    names = values["served_model_name"]
+    if isinstance(names, list) and len(names) == 1:
+        values["served_model_name"] = names[0]
     return EngineArgs(**values)

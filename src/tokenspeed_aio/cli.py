@@ -7,29 +7,20 @@ import argparse
 import sys
 
 from tokenspeed_aio.args import add_engine_flags, engine_args_from
+from tokenspeed_aio.server.flags import add_server_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tokenspeed_aio")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("bench", help="run a benchmark workload (see `bench --help`)", add_help=False)
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible HTTP server",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     serve.add_argument("model_pos", nargs="?", metavar="MODEL", help="same as --model")
-    server = serve.add_argument_group("server")
-    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    server.add_argument("--port", type=int, default=8000, help="port to listen on")
-    server.add_argument(
-        "--api-key", default=None, help="require this bearer key on every route but /health"
-    )
-    server.add_argument(
-        "--max-body-bytes", type=int, default=8 * 2**20, help="largest request body accepted"
-    )
-    server.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="logging verbosity",
-    )
+    add_server_flags(serve)
     add_engine_flags(serve)
     return parser
 
@@ -47,10 +38,38 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if ns.command == "serve":
+        try:
+            args = resolve_model(args)
+        except ValueError as err:  # one line, no usage block: the flag parsed fine
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    if ns.command == "serve":
         from tokenspeed_aio.server.serve import run_server
 
         return run_server(args, ns)
     return 2
+
+
+def resolve_model(args):
+    """``--model`` as a checkpoint directory (a hub id resolved through the HF cache), its
+    config checked, so a bad one is one line naming the problem before anything starts."""
+    from tokenspeed_aio.model.config import ModelConfig
+    from tokenspeed_aio.model_source import check_model_dir, resolve_model_path
+
+    path = resolve_model_path(args.model)
+    check_model_dir(path, args.model)
+    ModelConfig.from_pretrained(path)  # an unsupported architecture fails here, in one line
+    names = args.served_model_names or [
+        "tokenspeed-default" if args.model is None else _default_name(args.model, path)
+    ]
+    return args.replace(model=str(path), served_model_name=names if len(names) > 1 else names[0])
+
+
+def _default_name(model: str, path) -> str:
+    """The name clients use when none was given: a hub id as given, else the directory's."""
+    from pathlib import Path
+
+    return model if not Path(model).expanduser().is_dir() else path.name
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ MAX_N = 16
 # of its fixed per-slot table.
 MAX_BANNED_IDS = 16
 INT64_MAX = 2**63 - 1  # integer settings cross the wire and fill int64 device tables
+MAX_LOGIT_BIAS = 300  # biased token ids per request (the width of the sampler's table)
 
 
 def _check(ok: bool, param: str, message: str) -> None:
@@ -45,11 +46,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None  # top-N alternatives per token (0: only the sampled one)
     prompt_logprobs: int | None = None  # logprobs of the prompt tokens (top-N alternatives)
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     # Structured output (at most one; compiled by the grammar subsystem).
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
     json_object: bool = False
+    structural_tag: str | None = None  # xgrammar's structural tag, as JSON text
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,16 +110,30 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             "stop_token_ids",
             "token ids must be non-negative",
         )
+        if self.logit_bias:
+            _check(
+                len(self.logit_bias) <= MAX_LOGIT_BIAS,
+                "logit_bias",
+                f"at most {MAX_LOGIT_BIAS} token ids, got {len(self.logit_bias)}",
+            )
+            for token, bias in self.logit_bias.items():
+                _check(token >= 0, "logit_bias", f"token id {token} is negative")
+                _check(
+                    -100.0 <= bias <= 100.0,
+                    "logit_bias",
+                    f"the bias of token {token} must be between -100 and 100, got {bias}",
+                )
         grammars = [
             self.json_schema is not None,
             self.regex is not None,
             self.ebnf is not None,
             self.json_object,
+            self.structural_tag is not None,
         ]
         _check(
             sum(grammars) <= 1,
             "response_format",
-            "at most one of json_schema, regex, ebnf, json_object may be given",
+            "at most one of json_schema, regex, ebnf, json_object, structural_tag may be given",
         )
 
     @property
@@ -130,4 +147,5 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             or self.regex is not None
             or self.ebnf is not None
             or self.json_object
+            or self.structural_tag is not None
         )

@@ -115,3 +115,18 @@ def test_config_module_imports_without_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "32"
+
+
+@pytest.mark.parametrize("style", ["rope_parameters", "rope_scaling"])
+def test_rope_parameters_and_rope_scaling_read_alike(style):
+    """transformers >= 5 writes rope_parameters (theta inside); older, rope_theta beside
+    rope_scaling. Both give the same RoPE."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 256}  # fmt: skip
+    raw = {k: v for k, v in LEGACY_LLAMA3.items() if k not in ("rope_theta", "rope_scaling")}
+    if style == "rope_parameters":
+        raw["rope_parameters"] = {**scaling, "rope_theta": 500000.0}
+    else:
+        raw.update(rope_theta=500000.0, rope_scaling=scaling)
+    config = ModelConfig.from_dict(raw)
+    assert config.rope_theta == 500000.0 and config.rope_scaling == scaling

@@ -151,6 +151,7 @@ class Frontend:
         for name, values, limit in (
             ("prompt", ids, self.prompt_vocab_size),
             ("stop_token_ids", params.stop_token_ids, self.vocab_size),
+            ("logit_bias", list(params.logit_bias or ()), self.vocab_size),
         ):
             bad = next((t for t in values if not 0 <= t < limit), None)
             if bad is not None:

@@ -34,9 +34,15 @@ class _Waiting:
 
 class GrammarQueue:
     def __init__(
-        self, backend: GrammarBackend | None, timeout: float, group: ReplicaGroup | None = None
+        self,
+        backend: GrammarBackend | None,
+        timeout: float,
+        group: ReplicaGroup | None = None,
+        disabled: str | None = None,
     ) -> None:
         self.backend = backend
+        # Why a constrained request is refused when there is no backend.
+        self.disabled = disabled or "structured output is disabled (--grammar-backend none)"
         self.timeout = timeout
         self.group = group
         self._waiting: dict[str, _Waiting] = {}  # arrival order
@@ -47,7 +53,7 @@ class GrammarQueue:
     def enqueue(self, requests: list[Request]) -> list[tuple[Request, str]]:
         """Start compiling; returns the requests refused (grammars disabled)."""
         if self.backend is None:
-            message = "response_format: structured output is disabled (--grammar-backend none)"
+            message = f"response_format: {self.disabled}"
             return [(req, message) for req in requests]
         for req in requests:
             fut = self.backend.compile(grammar_spec(req.params))

@@ -66,15 +66,17 @@ class LoadReporter:
             pd_quarantined_pages=pd[2],
         )
         now = time.monotonic()
+        # The iteration counters move every forward; alone they are not news.
+        state = msgspec.structs.replace(load, forward_rounds=0, forward_tokens=0)
         if (
             not outputs
             and not replies
             and not transfers
-            and load == self._last
+            and state == self._last
             and now - self._last_sent < HEARTBEAT_SECONDS
         ):
             return None
-        self._last = load
+        self._last = state
         self._last_sent = now
         return OutputBatch(outputs, load, self.replica, replies or [], transfers or [])
 

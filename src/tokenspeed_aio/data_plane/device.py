@@ -30,6 +30,7 @@ from tokenspeed_aio.model.attention.registry import create_backend
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.kv_cache import kv_cache_bytes_per_block, local_num_kv_heads
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
+from tokenspeed_aio.model.ops.determinism import set_batch_invariant
 from tokenspeed_aio.model.parallel import init_tensor_parallel
 from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
 from tokenspeed_aio.pd.factory import build_transfer_peer
@@ -214,6 +215,7 @@ def _backend_name(name: str, device: torch.device) -> str:
 
 def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     compile_monitor().begin_startup()  # hooked before anything compiles
+    set_batch_invariant(args.enable_deterministic_inference)  # before the model runs
     config = ModelConfig.from_pretrained(args.model)
     device = resolve_device(args.device, rank.local_device_index)
     if device.type == "cuda":

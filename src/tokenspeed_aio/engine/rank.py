@@ -7,6 +7,7 @@ launcher starts (with a ZMQ transport on the replica's first member).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 
 from tokenspeed_aio.args import EngineArgs
@@ -29,8 +30,17 @@ from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig
 logger = logging.getLogger(__name__)
 
 
+NO_XGRAMMAR = (
+    "structured output needs the xgrammar package, which is not installed "
+    "(pip install 'tokenspeed_aio[grammar]')"
+)
+
+
 def _grammar_backend(args: EngineArgs, specs: DeviceSpecs):
     if args.grammar_backend == "none":
+        return None
+    if importlib.util.find_spec("xgrammar") is None:  # an optional dependency (it brings Triton)
+        logger.warning("%s: constrained requests will be refused", NO_XGRAMMAR)
         return None
     from tokenspeed_aio.grammar.xgrammar_backend import XGrammarBackend
 
@@ -98,7 +108,10 @@ class EngineRank:
         loop = EventLoop(
             scheduler=scheduler,
             grammar=GrammarQueue(
-                _grammar_backend(args, specs), args.grammar_compile_timeout_secs, group
+                _grammar_backend(args, specs),
+                args.grammar_compile_timeout_secs,
+                group,
+                disabled=NO_XGRAMMAR if args.grammar_backend != "none" else None,
             ),
             data_plane=data_plane,
             relay=Relay(transport, group, is_owner=rank.tp_rank == 0),

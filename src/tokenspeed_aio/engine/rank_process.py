@@ -124,7 +124,7 @@ async def _serve(launch: RankLaunch, report) -> None:
                 replica=ranks.dp_rank,
                 request_types=("generate", "abort", "control"),
                 role=specs.role,
-                model=args.served_model_name or args.model,
+                model=(args.served_model_names or [args.model])[0],
                 max_model_len=specs.max_model_len,
                 vocab_size=specs.vocab_size,
                 eos_token_ids=specs.eos_token_ids,

@@ -9,7 +9,7 @@ from tokenspeed_aio.sampling_params import SamplingParams
 
 
 class GrammarSpec(NamedTuple):
-    kind: str  # json_schema | json_object | regex | ebnf
+    kind: str  # json_schema | json_object | regex | ebnf | structural_tag
     text: str  # the schema / pattern / grammar ("" for json_object)
 
 
@@ -22,4 +22,6 @@ def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
         return GrammarSpec("regex", params.regex)
     if params.ebnf is not None:
         return GrammarSpec("ebnf", params.ebnf)
+    if params.structural_tag is not None:
+        return GrammarSpec("structural_tag", params.structural_tag)
     return None

@@ -9,6 +9,7 @@ control plane an instance; the control plane only calls its methods.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import re
 import threading
@@ -71,8 +72,10 @@ class XGrammarBackend:
                 return compiler.compile_grammar(json_grammar(schema))
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.text)
+            if spec.kind == "structural_tag":
+                return compiler.compile_structural_tag(compact_structural_tag(spec.text))
             return compiler.compile_grammar(spec.text)
-        except RuntimeError as err:  # xgrammar reports every grammar error this way
+        except (RuntimeError, ValueError) as err:  # xgrammar's grammar errors
             raise GrammarCompileError(_compiler_message(err)) from None
 
     def _get_compiler(self):
@@ -108,6 +111,28 @@ def json_grammar(schema: str) -> str:
 
     text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
     return text.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR)
+
+
+def compact_structural_tag(text: str) -> str:
+    """A structural tag whose JSON-schema parts are compact JSON grammars (json_grammar),
+    as every other schema here: xgrammar's own admit free whitespace, which a weak model
+    can fill until max_tokens."""
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "json_schema" and node.get("style", "json") == "json":
+                schema = node["json_schema"]
+                schema = schema if isinstance(schema, dict) else {} if schema else {"not": {}}
+                return {"type": "grammar", "grammar": json_grammar(json.dumps(schema))}
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    try:
+        return json.dumps(walk(json.loads(text)))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise GrammarCompileError(f"the structural tag is not valid: {err}") from None
 
 
 _PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*(Check failed: \(.*?\) is false:\s*)?")

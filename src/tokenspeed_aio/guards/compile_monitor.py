@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -64,7 +65,13 @@ class CompileMonitor:
         return self._serving_thread is not None
 
     def install(self) -> bool:
-        """Hook Triton's JIT (no-op without Triton). True when installed."""
+        """Hook Triton's JIT (no-op without Triton). True when installed.
+
+        A CPU-only process never JIT-compiles (kernels there run under Triton's
+        interpreter, if at all), so it is not made to import Triton for the hook: that
+        import alone leaves nanobind's leak report on every interpreter exit."""
+        if "triton" not in sys.modules and not _cuda_available():
+            return False
         try:
             from triton import knobs
         except ImportError:
@@ -129,6 +136,12 @@ class CompileMonitor:
 
         build._compile_monitored = True
         setattr(cls, method, build)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 _monitor: CompileMonitor | None = None

@@ -62,6 +62,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
         self._next_plan_id = 0
         self.num_retractions = 0  # preemptions since start (a metric)
         self._init_transfers()
+        self.forward_rounds = 0  # plans with a batch, and their tokens (metrics)
+        self.forward_tokens = 0
 
     def holds(self, rid: str) -> bool:
         return rid in self.requests
@@ -126,6 +128,9 @@ class Scheduler(AdmissionMixin, TransferMixin):
         self._plan_transfers(plan)
         plan.rows = decodes + prefills
         plan.num_tokens = self.config.max_num_batched_tokens - budget
+        if plan.num_tokens:  # iteration counts for the load report (metrics)
+            self.forward_rounds += 1
+            self.forward_tokens += plan.num_tokens
         if plan.rows:
             self._inflight[plan.plan_id] = (decode_reqs + prefill_reqs, plan.rows)
         return plan
@@ -287,6 +292,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
             resident_blocks=self.pool.num_resident,
             active_blocks=self.pool.num_active,
             total_blocks=self.pool.num_usable,
+            forward_rounds=self.forward_rounds,
+            forward_tokens=self.forward_tokens,
         )
 
     def has_work(self) -> bool:

@@ -13,63 +13,115 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from tokenspeed_aio.api.engine import AsyncEngine
+from tokenspeed_aio.generation_config import generation_defaults
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import install_error_handlers
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.middleware import GuardMiddleware
 from tokenspeed_aio.server.openapi import install_openapi
+from tokenspeed_aio.server.options import ServerOptions
 from tokenspeed_aio.server.routes_chat import chat_router
 from tokenspeed_aio.server.routes_completions import completions_router
 from tokenspeed_aio.server.routes_control import control_router
-from tokenspeed_aio.server.routes_gateway import gateway_router
 from tokenspeed_aio.server.routes_info import info_router
 from tokenspeed_aio.server.routes_sglang import sglang_router
+from tokenspeed_aio.server.routes_tokenize import tokenize_router
 
 logger = logging.getLogger(__name__)
-
-MiB = 1 << 20
 
 
 def build_app(
     engine: AsyncEngine,
     *,
-    served_model_name: str,
+    served_model_name: str | list[str],
     api_key: str | None = None,
-    max_body_bytes: int = 8 * MiB,
+    max_body_bytes: int | None = None,
+    options: ServerOptions | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine``.
 
-    ``api_key``: when set, every route but /health answers 401 without
-    ``Authorization: Bearer <api_key>``. ``max_body_bytes``: larger request bodies
-    get 413.
+    ``served_model_name``: the name responses carry (the first of a list; requests may use
+    any). ``options`` (ServerOptions) holds the server flags; ``api_key`` and
+    ``max_body_bytes`` are shorthands for two of them.
     """
+    options = options or ServerOptions()
+    if api_key is not None:
+        options = dataclasses.replace(options, api_key=api_key)
+    if max_body_bytes is not None:
+        options = dataclasses.replace(options, max_body_bytes=max_body_bytes)
+    names = [served_model_name] if isinstance(served_model_name, str) else served_model_name
     frontend = engine.frontend
-    metrics = ServerMetrics(frontend, served_model_name)
-    ctx = ServerContext(frontend, served_model_name, metrics)
+    metrics = ServerMetrics(frontend, names[0])
+    args = engine.args
+    ctx = ServerContext(
+        frontend,
+        names[0],
+        metrics,
+        options=options,
+        served_model_names=tuple(names),
+        generation_defaults=generation_defaults(args.model or "", args.generation_config)
+        if args.model
+        else {},
+        model_path=str(args.model or ""),
+        engine_args=dataclasses.asdict(args),
+    )
     app = FastAPI(title="tokenspeed_aio", summary="OpenAI-compatible LLM serving")
     app.state.context = ctx
     install_error_handlers(app)
-    routers = (info_router, completions_router, chat_router, sglang_router, control_router)
+    routers = (
+        info_router, completions_router, chat_router, sglang_router, control_router,
+        tokenize_router,
+    )  # fmt: skip
     for router in routers:
         app.include_router(router(ctx))
-    app.include_router(gateway_router(ctx, engine.args))
     install_openapi(app)
     app.add_middleware(
         GuardMiddleware,
-        api_key=api_key,
-        max_body_bytes=max_body_bytes,
+        api_key=options.api_key,
+        metrics_api_key=options.metrics_api_key,
+        max_body_bytes=options.max_body_bytes,
+        body_timeout=options.body_timeout_seconds,
+        access_log=options.access_log,
         on_client_error=metrics.client_error,
     )
+    # Outermost: a browser's preflight carries no API key and is answered here.
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(options.allowed_origins),
+        allow_methods=list(options.allowed_methods),
+        allow_headers=list(options.allowed_headers),
+        allow_credentials=options.allow_credentials,
+    )
     return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now -- before the model loads -- so a port in use fails
+    in a second. OSError names the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        reason = "is already in use" if err.errno == 98 else f"cannot be bound ({err.strerror})"
+        raise OSError(err.errno, f"{host}:{port} {reason}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 class _Server(uvicorn.Server):
@@ -93,9 +145,9 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def _serve(server: _Server, host: str, port: int) -> None:
+async def _serve(server: _Server, host: str, port: int, sock: socket.socket | None = None) -> None:
     try:
-        await server.serve()
+        await server.serve(sockets=[sock] if sock is not None else None)
     except SystemExit:  # uvicorn's answer to a failed bind; it would end the whole loop
         raise OSError(f"the HTTP server could not listen on {host}:{port}; see the log") from None
 
@@ -108,13 +160,16 @@ async def serve_http(
     log_level: str = "info",
     drain_seconds: float = 5.0,
     access_log: bool = False,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve ``app`` on the running event loop until SIGINT/SIGTERM (in the main thread,
     unless the caller handles those itself) or until the calling task is cancelled;
     either stops gracefully: no new
     connections, in-flight requests get ``drain_seconds`` to finish, then they are
     cancelled (which aborts their engine requests). Returns once the server stopped
-    (re-raises CancelledError when it was cancelled)."""
+    (re-raises CancelledError when it was cancelled). ``sock``: an already bound socket
+    (``bind_socket``) to serve on instead of binding ``host:port``; ``access_log``:
+    uvicorn's own (the guard middleware writes ours)."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -126,7 +181,7 @@ async def serve_http(
         timeout_graceful_shutdown=drain_seconds,
     )
     server = _Server(config)
-    serving = asyncio.create_task(_serve(server, host, port), name="ts-http-server")
+    serving = asyncio.create_task(_serve(server, host, port, sock), name="ts-http-server")
     try:
         await asyncio.shield(serving)
     except asyncio.CancelledError:

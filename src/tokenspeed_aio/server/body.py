@@ -22,9 +22,42 @@ T = TypeVar("T")
 
 THREAD_DECODE_BYTES = 256 * 1024  # larger bodies are decoded off the event loop
 
+
+class BodyTimeout(Exception):
+    """The client did not send its whole body in time (slow or never-ending upload)."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body was complete."""
+
+
+async def receive_body(receive, max_bytes: int, timeout: float) -> bytes:
+    """The whole request body from an ASGI ``receive``, within ``timeout`` seconds in all
+    (not per chunk: a client trickling a byte a second is cut off too). Raises
+    BodyTimeout, ClientGone, or OverflowError(size) past ``max_bytes``."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > max_bytes:
+                    raise OverflowError(size)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise BodyTimeout from None
+
+
 # msgspec's messages end with " - at `$.path`" when the error is inside the document.
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
 _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 
 
 async def parse_body(request: Request, kind: type[T]) -> T:
@@ -49,9 +82,13 @@ def validation_error(message: str) -> ApiError:
     match = _AT.match(message)
     what, path = (match["what"], match["path"] or "") if match else (message, "")
     missing = _MISSING.match(what)
+    unknown = _UNKNOWN.match(what)
     if missing:
         path = f"{path}.{missing['field']}" if path else missing["field"]
         what = "this field is required"
+    elif unknown:
+        path = f"{path}.{unknown['field']}" if path else unknown["field"]
+        what = "this field is not supported by this server (docs/api.md lists the fields)"
     else:
         what = what.replace("`", "")
         what = what[:1].lower() + what[1:]

@@ -4,32 +4,52 @@ metrics, the running requests, and the token-string cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
 from tokenspeed_aio.server.logprobs import TokenTexts
 from tokenspeed_aio.server.metrics import ServerMetrics
+from tokenspeed_aio.server.options import ServerOptions
+from tokenspeed_aio.tokenization.parsers import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    ReasoningParser,
+    ToolParser,
+)
 
 
 @dataclass
 class ServerContext:
     frontend: Frontend
-    served_model_name: str
+    served_model_name: str  # the name responses carry
     metrics: ServerMetrics
+    options: ServerOptions = field(default_factory=ServerOptions)
+    served_model_names: tuple[str, ...] = ()  # every name a request may use (the first's too)
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    model_path: str = ""
+    engine_args: dict[str, Any] = field(default_factory=dict)  # for /server_info
     registry: RequestRegistry = field(default_factory=RequestRegistry)
     token_texts: TokenTexts = field(init=False)
+    tool_parser: ToolParser | None = field(init=False)
+    reasoning_parser: ReasoningParser | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.frontend.tokenizer)
+        if self.served_model_name not in self.served_model_names:
+            self.served_model_names = (self.served_model_name, *self.served_model_names)
+        tool, reasoning = self.options.tool_call_parser, self.options.reasoning_parser
+        self.tool_parser = TOOL_PARSERS[tool]() if tool else None
+        self.reasoning_parser = REASONING_PARSERS[reasoning]() if reasoning else None
 
     def check_model(self, model: str | None) -> None:
         """404 for a model this server does not serve (None: the served one)."""
-        if model is not None and model != self.served_model_name:
+        if model is not None and model not in self.served_model_names:
             raise ApiError(
                 404,
                 f"the model {model!r} does not exist; this server serves "
-                f"{self.served_model_name!r}",
+                f"{', '.join(map(repr, self.served_model_names))}",
                 param="model",
                 code="model_not_found",
             )

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.protocol.openai import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
     TopLogprob,
 )
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
@@ -69,3 +72,23 @@ def chat_logprobs(
         top = [TopLogprob(texts(alt), value, list(texts(alt).encode())) for alt, value in lp.top]
         content.append(ChatTokenLogprob(token, lp.logprob, list(token.encode()), top))
     return ChatLogprobs(content)
+
+
+def prompt_logprobs(
+    texts: TokenTexts, prompt_ids: Sequence[int], out: RequestOutput
+) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs``: per prompt token ``{token id: {logprob, decoded_token}}``
+    holding the token and its top-N alternatives; None for the first token."""
+    result: PromptLogprobs = []
+    entries = out.prompt_logprobs or [None] * len(prompt_ids)
+    for tid, lp in zip(prompt_ids, entries):
+        if lp is None:
+            result.append(None)
+            continue
+        entry = {str(tid): PromptLogprob(lp.logprob, texts(tid))}
+        for rank, (alt, value) in enumerate(lp.top, start=1):
+            if alt == tid:
+                entry[str(tid)].rank = rank
+            entry.setdefault(str(alt), PromptLogprob(value, texts(alt), rank))
+        result.append(entry)
+    return result

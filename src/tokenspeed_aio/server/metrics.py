@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 from aioprometheus import Counter, Gauge, Histogram, Registry, render
 
 from tokenspeed_aio.api.frontend import Frontend
@@ -98,6 +99,29 @@ class ServerMetrics:
         )
         self._pd_totals: dict[str, list[float]] = {}  # role -> [bytes, seconds] of ok ones
         frontend.on_transfers = self.transfers
+        self.prefix_queries = counter(
+            "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_hits = counter(
+            "prefix_cache_hits_total", "Prompt tokens served from the prefix cache."
+        )
+        self.iterations = gauge("iterations_total", "Engine rounds that forwarded a batch.")
+        self.iteration_tokens = gauge(
+            "iteration_tokens_total", "Tokens those rounds forwarded (prefill and decode)."
+        )
+        self.rank_rss = gauge(
+            "engine_resident_memory_bytes", "Resident memory of the engine's rank processes."
+        )
+        # The Prometheus client's standard process metrics, of this (the frontend) process.
+        process = dict(registry=self.registry)
+        self.rss = Gauge("process_resident_memory_bytes", "Resident memory size.", **process)
+        self.vms = Gauge("process_virtual_memory_bytes", "Virtual memory size.", **process)
+        self.cpu = Gauge("process_cpu_seconds_total", "User and system CPU time.", **process)
+        self.fds = Gauge("process_open_fds", "Open file descriptors.", **process)
+        self.start_time = Gauge(
+            "process_start_time_seconds", "Start time since the epoch.", **process
+        )
+        self._process = psutil.Process()
 
     def transfers(self, records: list[TransferRecord]) -> None:
         for rec in records:
@@ -132,7 +156,27 @@ class ServerMetrics:
         self.pd_in_flight.set(NO_LABELS, sum(x.pd_in_flight for x in loads))
         self.pd_unclaimed.set(NO_LABELS, sum(x.pd_unclaimed_rooms for x in loads))
         self.pd_quarantined.set(NO_LABELS, sum(x.pd_quarantined_pages for x in loads))
+        self.iterations.set(NO_LABELS, sum(x.forward_rounds for x in loads))
+        self.iteration_tokens.set(NO_LABELS, sum(x.forward_tokens for x in loads))
+        self._process_metrics()
         return render(self.registry, accept)
+
+    def _process_metrics(self) -> None:
+        proc = self._process
+        with proc.oneshot():
+            memory, times = proc.memory_info(), proc.cpu_times()
+            self.rss.set(NO_LABELS, memory.rss)
+            self.vms.set(NO_LABELS, memory.vms)
+            self.cpu.set(NO_LABELS, times.user + times.system)
+            self.fds.set(NO_LABELS, proc.num_fds())
+            self.start_time.set(NO_LABELS, proc.create_time())
+        ranks = 0
+        for child in proc.children(recursive=True):
+            try:
+                ranks += child.memory_info().rss
+            except psutil.Error:  # exited between the listing and the read
+                continue
+        self.rank_rss.set(NO_LABELS, ranks)
 
 
 class SequenceStats:
@@ -157,6 +201,8 @@ class SequenceStats:
             self.first = now
             self.metrics.ttft.observe(NO_LABELS, now - self.arrival)
             self.metrics.queue_time.observe(NO_LABELS, out.queue_seconds)
+            self.metrics.prefix_queries.add(NO_LABELS, out.num_prompt_tokens)
+            self.metrics.prefix_hits.add(NO_LABELS, out.num_cached_tokens)
         else:
             self.metrics.tpot.observe(NO_LABELS, (now - self.last) / new)
         self.last = now

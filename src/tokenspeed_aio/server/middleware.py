@@ -1,6 +1,9 @@
-"""The guard every HTTP request passes: request id, API key, body size, and the last
-word on errors (an unexpected exception becomes a 500 naming the request id; its
-traceback goes to the log only).
+"""The guard every HTTP request passes: request id, API key, body size and read timeout,
+the access log, and the last word on errors (an unexpected exception becomes a 500
+naming the request id; its traceback goes to the log only).
+
+Access: with an API key every route needs it but /health and /metrics (health checks and
+scrapers carry no key); a metrics key, when set, guards /metrics with that key.
 
 A pure ASGI middleware rather than Starlette's BaseHTTPMiddleware, which would
 buffer streaming responses and hide client disconnects from the endpoint.
@@ -11,14 +14,17 @@ from __future__ import annotations
 import hmac
 import logging
 import re
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from tokenspeed_aio.server.body import BodyTimeout, ClientGone, receive_body
 from tokenspeed_aio.server.errors import error_response
 from tokenspeed_aio.server.streaming import ClientDisconnected
 
 logger = logging.getLogger(__name__)
+access_logger = logging.getLogger("tokenspeed_aio.access")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -36,13 +42,17 @@ class GuardMiddleware:
         api_key: str | None,
         max_body_bytes: int,
         on_client_error: Callable[[int], None],
-        open_paths: frozenset[str] = frozenset({"/health"}),
+        metrics_api_key: str | None = None,
+        body_timeout: float = 30.0,
+        access_log: bool = False,
     ) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
+        self.metrics_api_key = metrics_api_key.encode() if metrics_api_key else None
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.access_log = access_log
         self.on_client_error = on_client_error  # counts 4xx answers by status
-        self.open_paths = open_paths  # reachable without the API key
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -53,11 +63,13 @@ class GuardMiddleware:
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         started = False
+        status = 0
+        begin = time.monotonic()
 
         async def guarded_send(message: Message) -> None:
-            nonlocal started
+            nonlocal started, status
             if message["type"] == "http.response.start":
-                started = True
+                started, status = True, message["status"]
                 message["headers"] = [
                     *message.get("headers", []),
                     (b"x-request-id", request_id.encode()),
@@ -92,12 +104,21 @@ class GuardMiddleware:
                     500, f"internal server error (request id {request_id}); see the server log"
                 )
                 await response(scope, receive, guarded_send)
+        finally:
+            if self.access_log:
+                access_logger.info(
+                    '%s "%s %s" %d %.1f ms %s',
+                    _client(scope), scope["method"], scope["path"], status,
+                    (time.monotonic() - begin) * 1e3, request_id,
+                )  # fmt: skip
 
     def _authorized(self, scope: Scope, headers: dict[bytes, bytes]) -> bool:
-        if self.api_key is None or scope["path"] in self.open_paths:
+        path = scope["path"]
+        key = self.metrics_api_key if path == "/metrics" else self.api_key
+        if key is None or path == "/health" or (path == "/metrics" and not self.metrics_api_key):
             return True
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
 
     async def _read_body(
         self, scope: Scope, headers: dict[bytes, bytes], receive: Callable, send: Callable
@@ -113,21 +134,17 @@ class GuardMiddleware:
             if int(declared) > self.max_body_bytes:
                 await self._too_large(scope, receive, send, int(declared))
                 return None
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await self._too_large(scope, receive, send, size)
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        try:
+            body = await receive_body(receive, self.max_body_bytes, self.body_timeout)
+        except ClientGone:
+            return None
+        except BodyTimeout:
+            message = f"the request body did not arrive within {self.body_timeout:g} s"
+            await error_response(408, message, code="request_timeout")(scope, receive, send)
+            return None
+        except OverflowError as err:
+            await self._too_large(scope, receive, send, int(str(err)))
+            return None
         replayed = False
 
         async def replay() -> Message:
@@ -145,3 +162,8 @@ class GuardMiddleware:
             f"{self.max_body_bytes} bytes"
         )
         await error_response(413, message, code="request_too_large")(scope, receive, send)
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "-"

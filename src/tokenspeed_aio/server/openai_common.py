@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -23,6 +22,7 @@ from tokenspeed_aio.server.body import json_response
 from tokenspeed_aio.server.errors import ApiError, error_payload, payload_for
 from tokenspeed_aio.server.generation import Fanout, Job
 from tokenspeed_aio.server.streaming import DONE, sse_event
+from tokenspeed_aio.server.structured import structured_output
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +51,35 @@ def sampling_params(
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     names: dict[str, str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    grammar: dict[str, Any] | None = None,
 ) -> SamplingParams:
     """SamplingParams from an OpenAI request (validated: InvalidRequestError names the
     field and its limit, as ``names`` maps SamplingParams' fields to the request's).
-    Refuses what the engine cannot honour yet instead of silently ignoring it."""
-    if req.logit_bias:
-        raise ApiError(400, "logit_bias: not supported", param="logit_bias")
-    fields: dict[str, Any] = {
-        name: value for name in PASSTHROUGH if (value := getattr(req, name)) is not None
-    }
-    fields.update(structured_output(req))
+    ``defaults`` (the checkpoint's generation_config.json) fill the fields the request
+    left unset; ``grammar`` (a tool choice's constraint) replaces the request's own."""
+    fields: dict[str, Any] = dict(defaults or {})
+    fields.pop("max_tokens", None)
+    if max_tokens is None and defaults and "max_tokens" in defaults:
+        max_tokens = defaults["max_tokens"]
+    fields.update(
+        {name: value for name in PASSTHROUGH if (value := getattr(req, name)) is not None}
+    )
+    if req.return_hidden_states:
+        raise ApiError(
+            400,
+            "return_hidden_states: this server does not return hidden states",
+            param="return_hidden_states",
+        )
+    if req.no_stop_trim is not None and req.include_stop_str_in_output is None:
+        fields["include_stop_str_in_output"] = req.no_stop_trim
+    fields.update(grammar if grammar is not None else structured_output(req))
     if req.stop is not None:
         fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    if req.logit_bias:
+        fields["logit_bias"] = _logit_bias(req.logit_bias)
+    if req.prompt_logprobs is not None:
+        prompt_logprobs = req.prompt_logprobs
     try:
         return SamplingParams(
             max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **fields
@@ -71,36 +88,28 @@ def sampling_params(
         raise renamed(exc, names or {}) from None
 
 
-def structured_output(req: SamplingFields) -> dict[str, Any]:
-    """The grammar fields of SamplingParams from response_format or the extra fields."""
-    fields: dict[str, Any] = {}
-    fmt = req.response_format
-    kind = fmt.get("type", "text") if fmt else "text"
-    if kind == "json_object":
-        fields["json_object"] = True
-    elif kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's {"token id": bias} with the ids as JSON object keys (strings)."""
+    result = {}
+    for key, value in bias.items():
+        try:
+            result[int(key)] = float(value)
+        except ValueError:
             raise ApiError(
-                400,
-                "response_format: json_schema needs {'json_schema': {'schema': {...}}}",
-                param="response_format",
-            )
-        fields["json_schema"] = json.dumps(spec["schema"])
-    elif kind != "text":
+                400, f"logit_bias: keys are token ids, got {key!r}", param="logit_bias"
+            ) from None
+    return result
+
+
+def truncate_prompt(ids: list[int], keep: int | None) -> list[int]:
+    """vLLM's truncate_prompt_tokens: only the prompt's last ``keep`` tokens."""
+    if keep is None:
+        return ids
+    if keep < 1:
         raise ApiError(
-            400,
-            f"response_format: type must be text, json_object or json_schema, got {kind!r}",
-            param="response_format",
+            400, f"truncate_prompt_tokens: must be >= 1, got {keep}", param="truncate_prompt_tokens"
         )
-    if req.json_schema is not None:
-        schema = req.json_schema
-        fields["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
-    if req.regex is not None:
-        fields["regex"] = req.regex
-    if req.ebnf is not None:
-        fields["ebnf"] = req.ebnf
-    return fields
+    return ids[-keep:]
 
 
 def usage(prompts: list[list[int]], n: int, finals: dict[int, RequestOutput]) -> Usage:

@@ -1,18 +1,16 @@
-"""POST /v1/chat/completions: messages rendered with the model's chat template,
-n choices, logprobs in chat's format, streaming with a role chunk first."""
+"""POST /v1/chat/completions: messages rendered with the model's chat template, n
+choices, logprobs in chat's format, tool calls and reasoning split out of the reply
+(chat_reply.py), streaming with a role chunk first."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.protocol.openai import (
     AssistantMessage,
@@ -23,99 +21,70 @@ from tokenspeed_aio.protocol.openai import (
     ChatCompletionRequest,
     ChatDelta,
     ChatLogprobs,
-    ChatMessage,
+)
+from tokenspeed_aio.protocol.tools import (
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
 )
 from tokenspeed_aio.server.body import parse_body
 from tokenspeed_aio.server.bootstrap import assign_bootstrap
+from tokenspeed_aio.server.chat_prompt import chat_prompt
+from tokenspeed_aio.server.chat_reply import ReplyParser, ReplyParts, ReplyStream
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
-from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
-from tokenspeed_aio.server.logprobs import chat_logprobs
+from tokenspeed_aio.server.generation import Job, make_jobs
+from tokenspeed_aio.server.logprobs import chat_logprobs, prompt_logprobs
 from tokenspeed_aio.server.openai_common import (
     collect,
     respond,
     sampling_params,
     sse_stream,
+    truncate_prompt,
     usage,
 )
 from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
-
-# Template variables the server sets itself (the request's own fields, special tokens).
-RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "bos_token", "eos_token"})
-
-
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: text parts joined into a string."""
-    result = []
-    for i, msg in enumerate(messages):
-        content = msg.content
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    problem = (
-                        f"only text parts are supported (got type {part.type!r})"
-                        if part.type != "text"
-                        else "a text part needs its 'text'"
-                    )
-                    raise ApiError(
-                        400,
-                        f"messages[{i}].content[{j}]: {problem}",
-                        param=f"messages[{i}].content",
-                    )
-            content = "\n".join(part.text or "" for part in content)
-        entry: dict[str, Any] = {"role": msg.role, "content": content}
-        if content is None and not msg.tool_calls:
-            entry["content"] = ""
-        for key in ("name", "tool_calls", "tool_call_id"):
-            value = getattr(msg, key)
-            if value is not None:
-                entry[key] = value
-        result.append(entry)
-    return result
+from tokenspeed_aio.server.tool_choice import plan_tools
+from tokenspeed_aio.tokenization.parsers import ParsedCall
 
 
-async def chat_prompt(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
-    """The rendered conversation's token ids (the template writes the special tokens
-    itself, so none are added, as Hugging Face does for templated text)."""
-    if not req.messages:
-        raise ApiError(400, "messages: the conversation is empty", param="messages")
-    messages = template_messages(req.messages)
-    tokenizer = ctx.frontend.tokenizer
-    kwargs = dict(req.chat_template_kwargs or {})
-    reserved = sorted(kwargs.keys() & RESERVED_TEMPLATE_KWARGS)
-    if reserved:
-        raise ApiError(
-            400,
-            f"chat_template_kwargs: {', '.join(reserved)} cannot be set here (the server "
-            "passes them to the template itself)",
-            param="chat_template_kwargs",
-        )
-    kwargs["add_generation_prompt"] = req.add_generation_prompt
-    size = sum(len(str(m.get("content") or "")) for m in messages)
-    if size > ASYNC_TOKENIZE_CHARS:  # jinja over a long conversation: off the loop
-        text = await asyncio.to_thread(tokenizer.render_chat, messages, **kwargs)
-    else:
-        text = tokenizer.render_chat(messages, **kwargs)
-    return (await tokenize(tokenizer, [text], add_special_tokens=False))[0]
+def _finish_reason(out: RequestOutput, calls: bool) -> str | None:
+    """OpenAI's "tool_calls" when a reply that stopped by itself made calls."""
+    if calls and out.finish_reason == "stop":
+        return "tool_calls"
+    return out.finish_reason
+
+
+def _tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
+    return [ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls]
 
 
 @dataclass(slots=True)
 class _ChoiceStream:
+    reply: ReplyStream | None
     tokens: int = 0  # tokens whose logprobs were streamed
     started: bool = False  # the role chunk went out
+    calls: int = 0  # tool calls sent (the next one's index)
 
 
 class ChatView:
     """Renders one chat request's outputs as a ChatCompletion or streamed chunks."""
 
     def __init__(
-        self, ctx: ServerContext, req: ChatCompletionRequest, request_id: str, prompt: list[int]
+        self,
+        ctx: ServerContext,
+        req: ChatCompletionRequest,
+        request_id: str,
+        prompt: list[int],
+        reply: ReplyParser,
     ) -> None:
         self.ctx = ctx
         self.req = req
         self.request_id = request_id
         self.created = int(time.time())
         self.prompt = prompt
+        self.reply = reply
         self.streams: dict[int, _ChoiceStream] = {}
         self.finals: dict[int, RequestOutput] = {}
 
@@ -131,27 +100,55 @@ class ChatView:
             self.request_id, self.created, self.ctx.served_model_name, [choice]
         )
 
+    def _message(self, out: RequestOutput) -> tuple[AssistantMessage, bool]:
+        if not self.reply.active:
+            return AssistantMessage(out.text), False
+        parts = self.reply.whole(out.text)
+        message = AssistantMessage(parts.content, tool_calls=_tool_calls(parts.calls))
+        message.reasoning_content = parts.reasoning
+        return message, bool(parts.calls)
+
     def completion(self, jobs: list[Job], finals: dict[int, RequestOutput]) -> ChatCompletion:
-        choices = [
-            ChatChoice(
-                job.index,
-                AssistantMessage(finals[job.index].text),
-                self._logprobs(finals[job.index], 0),
-                finals[job.index].finish_reason,
-                finals[job.index].stop_reason,
+        choices = []
+        for job in jobs:
+            out = finals[job.index]
+            message, calls = self._message(out)
+            choices.append(
+                ChatChoice(
+                    job.index,
+                    message,
+                    self._logprobs(out, 0),
+                    _finish_reason(out, calls),
+                    out.stop_reason,
+                )
             )
-            for job in jobs
-        ]
+        first = finals[jobs[0].index]
         return ChatCompletion(
             self.request_id,
             self.created,
             self.ctx.served_model_name,
             choices,
             usage=usage([self.prompt], self.req.n, finals),
+            prompt_logprobs=prompt_logprobs(self.ctx.token_texts, self.prompt, first)
+            if self.req.prompt_logprobs is not None
+            else None,
         )
 
+    def _delta(self, st: _ChoiceStream, parts: ReplyParts) -> ChatDelta:
+        calls = None
+        if parts.calls:
+            calls = []
+            for call in parts.calls:
+                function = DeltaFunctionCall(call.name, call.arguments)
+                calls.append(DeltaToolCall(st.calls, call.id, "function", function))
+                st.calls += 1
+        return ChatDelta(content=parts.content, reasoning_content=parts.reasoning, tool_calls=calls)
+
     def chunks(self, job: Job, out: RequestOutput) -> list[ChatCompletionChunk]:
-        st = self.streams.setdefault(job.index, _ChoiceStream())
+        st = self.streams.get(job.index)
+        if st is None:
+            reply = self.reply.stream() if self.reply.active else None
+            st = self.streams[job.index] = _ChoiceStream(reply)
         result = []
         if not st.started:
             st.started = True
@@ -159,12 +156,23 @@ class ChatView:
             result.append(self._chunk(ChatChunkChoice(job.index, role)))
         lp = self._logprobs(out, st.tokens)
         st.tokens = len(out.token_ids)
+        if st.reply is None:
+            delta = ChatDelta(content=out.delta_text) if out.delta_text else ChatDelta()
+        else:
+            parts = st.reply.feed(out.delta_text) if out.delta_text else ReplyParts(None, None, [])
+            if out.finished:
+                end = st.reply.finish()
+                parts = ReplyParts(
+                    _join(parts.reasoning, end.reasoning),
+                    _join(parts.content, end.content),
+                    parts.calls + end.calls,
+                )
+            delta = self._delta(st, parts)
         if out.finished:
             self.finals[job.index] = out
-        elif not out.delta_text and not (lp and lp.content):
+        elif delta == ChatDelta() and not (lp and lp.content):
             return result
-        delta = ChatDelta(content=out.delta_text) if out.delta_text else ChatDelta()
-        reason = out.finish_reason if out.finished else None
+        reason = _finish_reason(out, st.calls > 0) if out.finished else None
         stop = out.stop_reason if out.finished else None
         result.append(self._chunk(ChatChunkChoice(job.index, delta, lp, reason, stop)))
         return result
@@ -178,6 +186,10 @@ class ChatView:
         return [ChatCompletionChunk(self.request_id, self.created, name, [], usage=summary)]
 
 
+def _join(a: str | None, b: str | None) -> str | None:
+    return (a or "") + (b or "") or None
+
+
 def chat_router(ctx: ServerContext) -> APIRouter:
     router = APIRouter()
 
@@ -185,22 +197,37 @@ def chat_router(ctx: ServerContext) -> APIRouter:
     async def create_chat_completion(request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest)
         ctx.check_model(req.model)
-        if req.tools:
-            raise ApiError(400, "tools: tool calling is not supported yet", param="tools")
         if req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
-        prompt = await chat_prompt(ctx, req)
+        if not req.stream_reasoning:
+            raise ApiError(
+                400,
+                "stream_reasoning: false is not supported (reasoning streams as deltas)",
+                param="stream_reasoning",
+            )
+        tools = plan_tools(ctx, req)
+        prompt, prompt_text = await chat_prompt(ctx, req)
+        prompt = truncate_prompt(prompt, req.truncate_prompt_tokens)
         names = {"logprobs": "top_logprobs"}
         max_tokens = req.max_tokens
         if req.max_completion_tokens is not None:
             max_tokens = req.max_completion_tokens
             names["max_tokens"] = "max_completion_tokens"
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, names=names)
+        params = sampling_params(
+            req,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            names=names,
+            defaults=ctx.generation_defaults,
+            grammar=tools.grammar,
+        )
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         jobs = make_jobs(ctx.frontend, request_id, [prompt], params)
         assign_bootstrap(ctx.frontend, jobs, req, 1)
-        view = ChatView(ctx, req, request_id, prompt)
+        reasoning = ctx.reasoning_parser if req.separate_reasoning else None
+        reply = ReplyParser(tools, reasoning, prompt_text, params.has_grammar)
+        view = ChatView(ctx, req, request_id, prompt, reply)
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:
             events = sse_stream(fanout.outputs(), view.chunks, view.last_chunks, request_id)

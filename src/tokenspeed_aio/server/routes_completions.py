@@ -22,12 +22,13 @@ from tokenspeed_aio.server.bootstrap import assign_bootstrap
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
-from tokenspeed_aio.server.logprobs import completion_logprobs
+from tokenspeed_aio.server.logprobs import completion_logprobs, prompt_logprobs
 from tokenspeed_aio.server.openai_common import (
     collect,
     respond,
     sampling_params,
     sse_stream,
+    truncate_prompt,
     usage,
 )
 from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
@@ -107,9 +108,17 @@ class CompletionView:
             out = finals[job.index]
             prefix, lp = self._prompt_part(job, out)
             lp = self._generated_logprobs(out, 0, len(prefix), lp)
+            prompt_lps = None
+            if self.req.prompt_logprobs is not None:
+                prompt_lps = prompt_logprobs(self.ctx.token_texts, job.prompt_ids, out)
             choices.append(
                 CompletionChoice(
-                    job.index, prefix + out.text, lp, out.finish_reason, out.stop_reason
+                    job.index,
+                    prefix + out.text,
+                    lp,
+                    out.finish_reason,
+                    out.stop_reason,
+                    prompt_lps,
                 )
             )
         return Completion(
@@ -167,11 +176,15 @@ def completions_router(ctx: ServerContext) -> APIRouter:
                 400, "best_of: not supported (leave it out, or equal to n)", param="best_of"
             )
         prompts, texts = await resolve_prompts(ctx, req.prompt)
+        if req.truncate_prompt_tokens is not None:
+            prompts = [truncate_prompt(p, req.truncate_prompt_tokens) for p in prompts]
+            texts = None  # echo shows what the model saw
         params = sampling_params(
             req,
             max_tokens=req.max_tokens,
             logprobs=req.logprobs,
             prompt_logprobs=req.logprobs if req.echo else None,
+            defaults=ctx.generation_defaults,
         )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         jobs = make_jobs(ctx.frontend, request_id, prompts, params)

@@ -11,10 +11,10 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.engine.launcher import RankFailure, ShutdownLatch
-from tokenspeed_aio.model_source import resolve_model_path
 
 logger = logging.getLogger("tokenspeed_aio.serve")
 
@@ -43,18 +43,22 @@ def run_server(args: EngineArgs, ns: argparse.Namespace) -> int:
 
 async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     from tokenspeed_aio.api.engine import AsyncEngine
-    from tokenspeed_aio.server.app import build_app, serve_http
+    from tokenspeed_aio.server.app import bind_socket, build_app, serve_http
+    from tokenspeed_aio.server.options import ServerOptions
 
-    name = args.served_model_name or (
-        "tokenspeed-default" if args.model is None else resolve_model_path(args.model).name
-    )
-    args = args.replace(served_model_name=name)
+    names = args.served_model_names or [Path(args.model or "tokenspeed-default").name]
     latch = ShutdownLatch()
     latch.install_signal_handlers()
     if args.node_rank > 0:
         from tokenspeed_aio.engine.processes import run_headless_node
 
         return await run_headless_node(args, latch, ns.log_level)
+    options = ServerOptions.from_flags(ns)
+    try:  # before the model loads: a port in use fails now, not minutes from now
+        sock = bind_socket(ns.host, ns.port)
+    except OSError as err:
+        logger.error("cannot serve: %s", err.strerror or err)
+        return 1
     starting = asyncio.ensure_future(
         AsyncEngine.start(args, rank_processes=True, log_level=ns.log_level, latch=latch)
     )
@@ -65,20 +69,22 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     if not starting.done():
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
+        sock.close()
         logger.info("stopped during startup (%s)", latch.reason)
         return 0
     try:
         engine = starting.result()
-    except RankFailure as err:
+    except (RankFailure, ValueError) as err:
         logger.error("engine startup failed: %s", err)
+        sock.close()
         return 1
-    app = build_app(
-        engine, served_model_name=name, api_key=ns.api_key, max_body_bytes=ns.max_body_bytes
+    app = build_app(engine, served_model_name=names, options=options)
+    http = asyncio.ensure_future(
+        serve_http(app, ns.host, ns.port, log_level=ns.log_level, sock=sock)
     )
-    http = asyncio.ensure_future(serve_http(app, ns.host, ns.port, log_level=ns.log_level))
     engine_stopped = asyncio.ensure_future(engine.stopped())
     stop = asyncio.ensure_future(latch.requested.wait())
-    _announce(ns.host, ns.port, name)
+    _announce(ns.host, ns.port, names[0])
     await asyncio.wait({http, engine_stopped, stop}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if engine_stopped.done():
@@ -101,7 +107,8 @@ def _announce(host: str, port: int, name: str) -> None:
     print(
         f"tokenspeed_aio serving {name!r} on {url}\n"
         f"try: curl {url}/v1/completions -H 'Content-Type: application/json' "
-        f'-d \'{{"model": "{name}", "prompt": "The for statement", "max_tokens": 32}}\'',
+        f'-d \'{{"model": "{name}", "prompt": "The for statement", "max_tokens": 32, '
+        f'"temperature": 0}}\'',
         file=sys.stderr,
         flush=True,
     )

@@ -21,6 +21,24 @@ def _token_text(value: Any) -> str | None:
     return value
 
 
+def _saved_template(path: Path, config: dict[str, Any]) -> str | None:
+    """The checkpoint's chat template: ``chat_template.jinja`` beside the config (where
+    transformers >= 4.43 saves it), ``chat_template.json`` (processors), else the config's
+    ``chat_template`` field (a string, or named templates of which "default" is taken)."""
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    legacy = path / "chat_template.json"
+    if legacy.is_file():
+        value = json.loads(legacy.read_text()).get("chat_template")
+        if value:
+            return value
+    source = config.get("chat_template")
+    if isinstance(source, list):
+        source = next((t["template"] for t in source if t.get("name") == "default"), None)
+    return source
+
+
 class Tokenizer:
     def __init__(self, path: str | Path, chat_template: str | None = None) -> None:
         path = Path(path)
@@ -37,9 +55,7 @@ class Tokenizer:
         self.special_ids = frozenset(
             tid for tid, tok in self._tok.get_added_tokens_decoder().items() if tok.special
         )
-        source = load_template(chat_template) if chat_template else config.get("chat_template")
-        if isinstance(source, list):  # named templates: take the default one
-            source = next((t["template"] for t in source if t.get("name") == "default"), None)
+        source = load_template(chat_template) if chat_template else _saved_template(path, config)
         self.chat_template = (
             ChatTemplate(source, {"bos_token": self.bos_token, "eos_token": self.eos_token})
             if source

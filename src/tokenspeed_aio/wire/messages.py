@@ -12,7 +12,7 @@ import msgspec
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.control import ControlCall, ControlReply
 
-WIRE_VERSION = 4
+WIRE_VERSION = 5
 
 
 # -- frontend -> engine -------------------------------------------------------
@@ -75,6 +75,8 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
     pd_in_flight: int = 0
     pd_unclaimed_rooms: int = 0
     pd_quarantined_pages: int = 0
+    forward_rounds: int = 0  # rounds that forwarded a batch, since start (cumulative)
+    forward_tokens: int = 0  # tokens those rounds forwarded (prefill + decode, cumulative)
 
 
 class TransferRecord(msgspec.Struct, array_like=True, frozen=True):

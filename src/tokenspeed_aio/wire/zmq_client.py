@@ -5,7 +5,9 @@ their output batches."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -97,6 +99,15 @@ class ZmqEngineClient:
 
     async def close(self) -> None:
         self._ctx.destroy(linger=0)
+        for address in (self.endpoints.input, self.endpoints.output):
+            remove_ipc_file(address)
+
+
+def remove_ipc_file(address: str) -> None:
+    """Unlink a bound ipc:// endpoint's socket file (libzmq leaves it in the temp dir)."""
+    if address.startswith("ipc://"):
+        with contextlib.suppress(OSError):
+            os.unlink(address[len("ipc://") :])
 
 
 def _bind_address(address: str) -> str:

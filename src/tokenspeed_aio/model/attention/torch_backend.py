@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from tokenspeed_aio.model.attention.base import AttentionBackend
+from tokenspeed_aio.model.attention.invariant import invariant_attention
 from tokenspeed_aio.model.forward_context import ForwardContext
+from tokenspeed_aio.model.ops.determinism import batch_invariant
 
 if TYPE_CHECKING:
     from tokenspeed_aio.model.attention.base import QKNorm, Rope
@@ -88,14 +90,17 @@ class TorchAttentionBackend(AttentionBackend):
         q_pos = attn.context_lens.long()[:, None] + q_off  # absolute positions [B, Q]
         mask = (key_pos <= q_pos[:, :, None]) & (key_pos < attn.seq_lens.long()[:, None, None])
 
-        out = F.scaled_dot_product_attention(
-            queries.transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=mask[:, None],
-            scale=head_dim**-0.5,
-            enable_gqa=True,
-        ).transpose(1, 2)  # [B, Q, Hq, D]
+        if batch_invariant():
+            out = invariant_attention(queries, keys, values, mask, head_dim**-0.5)
+        else:
+            out = F.scaled_dot_product_attention(
+                queries.transpose(1, 2),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=mask[:, None],
+                scale=head_dim**-0.5,
+                enable_gqa=True,
+            ).transpose(1, 2)  # [B, Q, Hq, D]
 
         # Back to token order: token t is query (t - starts[row]) of the row holding it.
         # Tokens past the last row (CUDA-graph padding) land on the last row; never read.

@@ -37,6 +37,7 @@ from tokenspeed_aio.model.attention.kv_store import (
     joint_qk_norm,
     rotates_whole_heads,
 )
+from tokenspeed_aio.model.ops.determinism import batch_invariant
 
 if TYPE_CHECKING:
     from tokenspeed_aio.model.attention.base import QKNorm, Rope
@@ -76,6 +77,8 @@ class TritonAttentionBackend(StoredKVBackend):
 
     def num_kv_splits(self, batch_size: int, num_kv_heads: int, device: torch.device) -> int:
         """Decode split count for a batch size (a host function of host ints, memoized)."""
+        if batch_invariant():  # one program per row: a row's key sum never splits
+            return 1
         key = (batch_size, num_kv_heads)
         if key not in self._splits:
             self._splits[key] = num_kv_splits_for(

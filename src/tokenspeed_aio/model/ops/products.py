@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenspeed_aio.model.layers.activation import silu_and_mul
+from tokenspeed_aio.model.ops.determinism import batch_invariant, invariant_linear
 
 if TYPE_CHECKING:
     from tokenspeed_aio.model.attention.base import KVWrite
@@ -35,7 +36,10 @@ def linear(
 ) -> torch.Tensor:
     """``F.linear`` -- followed by ``silu_and_mul`` when ``act_silu_mul`` -- or the Triton
     product for a batch of at most 64 rows (2 to 64 in a 16-bit dtype) where it was measured
-    faster."""
+    faster. In batch-invariant mode (ops/determinism.py) every product is the invariant one."""
+    if batch_invariant():
+        y = invariant_linear(x, weight, bias)
+        return silu_and_mul(y) if act_silu_mul else y
     rows = x.shape[0]
     # skinny_gemm's tiles were measured in 16-bit dtypes; fp32's need twice the shared memory.
     if x.is_cuda and (rows == 1 or (rows <= 64 and x.element_size() == 2)):
@@ -70,7 +74,7 @@ def norm_linear(
     when residual is None): the norm as the batch-1 Triton product's prologue where it has a
     config, else the norm layer then ``linear``. Norms are replicated, so this holds on every
     tensor-parallel rank."""
-    if x.is_cuda and x.shape[0] == 1:
+    if x.is_cuda and x.shape[0] == 1 and not batch_invariant():
         from tokenspeed_kernels.gemv import norm_configs, norm_gemv
 
         config = norm_configs(x.device).get((*weight.shape, act_silu_mul))
@@ -98,7 +102,7 @@ def norm_linear_rope_kv(
     (``gemv_rope_kv.norm_gemv_rope_kv``): ``(rotated q, h)``, where its table has the
     weight's shape and RoPE covers whole heads; None elsewhere (the caller runs the
     product, then the attention backend's store)."""
-    if not (x.is_cuda and x.shape[0] == 1):
+    if not (x.is_cuda and x.shape[0] == 1) or batch_invariant():
         return None
     from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv, rope_kv_configs
 

@@ -42,6 +42,14 @@ class SamplingBatch:
     any_penalties: bool  # some row has a repetition, frequency or presence penalty
     any_min_tokens_ban: bool  # some row is below min_tokens and has ids to ban
     max_num_logprobs: int  # largest top-N requested in the batch; -1: no row wants logprobs
+    # logit_bias of every row ([B, MAX_LOGIT_BIAS], ids -1 and values 0 where unused); None
+    # when no row has one.
+    logit_bias_ids: torch.Tensor | None = field(default=None, repr=False)
+    logit_bias_values: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def any_logit_bias(self) -> bool:
+        return self.logit_bias_ids is not None
 
     @property
     def any_top_k(self) -> bool:

@@ -7,7 +7,7 @@ a result):
 0. a batch of greedy rows that needs nothing else (no logprobs, penalties, min_tokens or
    grammar): the argmax of the logits as the model returned them, in its dtype;
 1. raw ``log_softmax`` for logprobs (the model's own distribution, as vLLM reports);
-2. repetition, frequency and presence penalties; the min_tokens ban;
+2. repetition, frequency and presence penalties; logit_bias; the min_tokens ban;
 3. greedy rows: argmax;
 4. sampled rows (on CUDA without top-k/top-p/min-p: one Triton pass that draws the same
    tokens, ``tokenspeed_kernels.sampling``): temperature, top-k / top-p, min-p, then the Gumbel-max draw
@@ -28,6 +28,7 @@ from tokenspeed_kernels.noise import gumbel_noise
 
 from tokenspeed_aio.model.sampling.batch import SamplingBatch
 from tokenspeed_aio.model.sampling.filters import apply_min_p, apply_top_k_top_p
+from tokenspeed_aio.model.sampling.logit_bias import apply_logit_bias
 from tokenspeed_aio.model.sampling.penalties import apply_min_tokens_ban, apply_penalties
 
 # Rows per noise chunk are chosen so one chunk's int64 hash stays near 128 MiB
@@ -94,7 +95,7 @@ class Sampler:
         if (
             batch.all_greedy
             and batch.max_num_logprobs < 0
-            and not (batch.any_penalties or batch.any_min_tokens_ban)
+            and not (batch.any_penalties or batch.any_min_tokens_ban or batch.any_logit_bias)
             and token_bitmask is None
         ):
             return SamplerOutput(argmax_tokens(logits), None, None, None)
@@ -102,6 +103,8 @@ class Sampler:
         logprobs = torch.log_softmax(logits, dim=-1) if batch.max_num_logprobs >= 0 else None
         if batch.any_penalties:
             logits = apply_penalties(logits, batch)
+        if batch.any_logit_bias:
+            logits = apply_logit_bias(logits, batch)
         if batch.any_min_tokens_ban:
             logits = apply_min_tokens_ban(logits, batch)
         if token_bitmask is not None:

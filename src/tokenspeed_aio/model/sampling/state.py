@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from tokenspeed_aio.model.sampling.batch import SamplingBatch
+from tokenspeed_aio.model.sampling.logit_bias import LogitBiasTable
 from tokenspeed_aio.sampling_params import MAX_BANNED_IDS, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class HostRows(NamedTuple):
     greedy: np.ndarray  # [B] bool
     penalized: np.ndarray
     banning: np.ndarray  # below min_tokens with ids to ban
+    biased: np.ndarray  # has a logit_bias
 
     @property
     def plain_greedy(self) -> bool:
@@ -82,6 +84,7 @@ class HostRows(NamedTuple):
             self.greedy.all()
             and not self.penalized.any()
             and not self.banning.any()
+            and not self.biased.any()
             and self.i64[:, _NUM_LOGPROBS].max(initial=-1) < 0
         )
 
@@ -112,6 +115,7 @@ class SamplingState:
         self._penalty_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.output_counts: torch.Tensor | None = None  # [max_slots, V] int32
         self.prompt_mask: torch.Tensor | None = None  # [max_slots, V] bool
+        self.logit_bias = LogitBiasTable(max_slots, self.device)
 
     def set_slot(
         self,
@@ -149,6 +153,7 @@ class SamplingState:
             banned = self._banned_ids(params, eos_token_ids)
             row[_BANNED : _BANNED + len(banned)] = banned
         self._dirty.add(slot)
+        self.logit_bias.set_slot(slot, params.logit_bias)
         if _has_penalty(params):
             self._ensure_penalty_state()
             self._penalty_rows[slot] = (
@@ -173,7 +178,8 @@ class SamplingState:
         )
         banning = (steps < host_i[:, _MIN_TOKENS]) & (host_i[:, _BANNED] >= 0)
         greedy = host_f[:, _TEMPERATURE] == 0.0
-        return HostRows(rows, steps, host_f, host_i, greedy, penalized, banning)
+        biased = self.logit_bias.biased(rows)
+        return HostRows(rows, steps, host_f, host_i, greedy, penalized, banning, biased)
 
     def prepare(self, slots: Sequence[int], output_indices: Sequence[int]) -> SamplingBatch:
         """Settings of the rows that sample this round, in row order (``host_rows``'s
@@ -183,7 +189,7 @@ class SamplingState:
     def prepare_rows(self, host: HostRows) -> SamplingBatch:
         """``prepare`` from the rows' host settings a caller already read."""
         self._flush()
-        rows, steps, host_f, host_i, greedy, penalized, banning = host
+        rows, steps, host_f, host_i, greedy, penalized, banning, biased = host
         sampled = ~greedy
         top_k_rows = host_i[sampled, _TOP_K] < self.vocab_size
         any_penalties = bool(penalized.any())
@@ -195,6 +201,7 @@ class SamplingState:
         index = index[:, : len(rows)]
         dev_f = self._f32.index_select(0, index[0])
         dev_i = self._i64.index_select(0, index[0])
+        bias_ids, bias_values = self.logit_bias.gather(index[0]) if biased.any() else (None, None)
         return SamplingBatch(
             num_rows=len(rows),
             slots=index[0],
@@ -219,6 +226,8 @@ class SamplingState:
             any_penalties=any_penalties,
             any_min_tokens_ban=bool(banning.any()),
             max_num_logprobs=int(host_i[:, _NUM_LOGPROBS].max(initial=-1)),
+            logit_bias_ids=bias_ids,
+            logit_bias_values=bias_values,
         )
 
     def record(self, batch: SamplingBatch, sampled_tokens: torch.Tensor) -> None:
