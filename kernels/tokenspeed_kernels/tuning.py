@@ -59,7 +59,9 @@ import torch
 DEVICE_NAME_ENV = "TOKENSPEED_KERNEL_DEVICE_NAME"
 CPU = "cpu"  # the name of the CPU (and the interpreter): no tables
 CONFIG_DIR = Path(__file__).parent / "configs"
-FLAGS = frozenset({"silu_mul", "two_pass", "block", "scaled_mm"})  # the bool fields; every other is a positive int
+FLAGS = frozenset(
+    {"silu_mul", "two_pass", "block", "scaled_mm"}
+)  # the bool fields; every other is a positive int
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,7 @@ TABLES: dict[str, Fields] = {
     # FP8 (e4m3) weights: the batch-1 product (also with the norm prologue and the RoPE/KV
     # epilogue, BLOCK_HALF = BLOCK_N / 2), and every larger batch, Triton or torch._scaled_mm.
     "fp8_gemv": Fields(("N", "K", "block", "silu_mul"), _GEMV),
-    "fp8_gemm": Fields(
-        ("N", "K", "block", "m_bucket"), ("scaled_mm", "BLOCK_M", *_SKINNY)
-    ),
+    "fp8_gemm": Fields(("N", "K", "block", "m_bucket"), ("scaled_mm", "BLOCK_M", *_SKINNY)),
 }
 
 Key = tuple[int | bool, ...]

@@ -17,6 +17,8 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
+QUANTIZATIONS = ("fp8",)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 @dataclass
@@ -25,6 +27,8 @@ class EngineArgs:
     tokenizer: str | None = None  # defaults to the model dir
     served_model_name: str | None = None
     dtype: str = "auto"
+    quantization: str | None = None  # fp8: quantize a 16-bit checkpoint's linear layers at load
+    kv_cache_dtype: str = "auto"  # auto: the activations' dtype; fp8 (e4m3): half the bytes
     load_format: str = "auto"
     device: str = "auto"
     seed: int = 0  # dummy weights' seed
@@ -59,6 +63,16 @@ class EngineArgs:
                 raise ValueError(f"{name}: {message} (got {getattr(self, name)!r})")
 
         check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
+        check(
+            self.quantization is None or self.quantization in QUANTIZATIONS,
+            "quantization",
+            f"must be one of {', '.join(QUANTIZATIONS)}",
+        )
+        check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {', '.join(KV_CACHE_DTYPES)}",
+        )
         check(
             self.load_format in LOAD_FORMATS,
             "load_format",
@@ -131,6 +145,10 @@ ENGINE_HELP = {
     "tokenizer": "tokenizer directory (default: the model directory)",
     "served_model_name": "the model name clients use (default: the model directory's name)",
     "dtype": "weights and activations dtype: auto (the checkpoint's), float32, bfloat16, float16",
+    "quantization": "fp8: quantize a 16-bit checkpoint's linear layers to FP8 (e4m3) at load, "
+    "one scale per output channel, activations per token (FP8 checkpoints need no flag)",
+    "kv_cache_dtype": "KV cache dtype: auto (the activations') or fp8 (e4m3, scales from the "
+    "checkpoint or 1.0; the pool holds twice the tokens)",
     "load_format": "auto/safetensors: read the checkpoint's weights; dummy: random weights",
     "device": "auto (cuda when available), cpu or cuda",
     "seed": "seed of dummy weights",

@@ -54,14 +54,31 @@ def quantization_config(fmt: str, kv: bool | str = False) -> dict:
         if kv_scheme:
             config["kv_cache_scheme"] = kv_scheme
         return config
-    weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
-               "strategy": weight, "block_structure": [128, 128] if weight == "block" else None}
+    weights = {
+        "num_bits": 8,
+        "type": "float",
+        "symmetric": True,
+        "dynamic": False,
+        "strategy": weight,
+        "block_structure": [128, 128] if weight == "block" else None,
+    }
     if weight == "block":
-        acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True,
-                "strategy": "group", "group_size": 128}
+        acts = {
+            "num_bits": 8,
+            "type": "float",
+            "symmetric": True,
+            "dynamic": True,
+            "strategy": "group",
+            "group_size": 128,
+        }
     elif activation == "static":
-        acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
-                "strategy": "tensor"}
+        acts = {
+            "num_bits": 8,
+            "type": "float",
+            "symmetric": True,
+            "dynamic": False,
+            "strategy": "tensor",
+        }
     else:
         acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True,
                 "strategy": "token"}  # fmt: skip

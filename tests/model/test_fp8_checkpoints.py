@@ -141,3 +141,28 @@ def test_dummy_fp8_weights_of_each_scheme(fp8_checkpoint, fmt):
     runner = PagedRunner(model, config, dtype=torch.bfloat16)
     logits = runner.forward([(0, list(range(12)))])
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
+def test_fp8_kv_cache_on_the_triton_backend_matches_the_torch_backend(checkpoint, arch):
+    # Both store e4m3 keys and values by the same per-head scales and read them back; the
+    # triton kernels (Triton's interpreter) fold the scales into scores and outputs.
+    from tokenspeed_aio.model.attention.registry import create_backend
+
+    config = ModelConfig.from_pretrained(checkpoint(arch))
+    model = load_model(config, str(checkpoint(arch)), dtype=torch.float32,
+                       device=torch.device("cpu"))  # fmt: skip
+    for layer, (k, v) in enumerate(model.kv_scales()):
+        k.fill_(0.02 + 0.01 * layer)
+        v.copy_(torch.linspace(0.01, 0.03, v.numel()))  # per head
+    prompts = _prompts(config.vocab_size)
+    logits = []
+    for backend in ("torch", "triton"):
+        runner = PagedRunner(model, config, kv_cache_dtype=fp8.FP8)
+        runner.backend = create_backend(backend, max_model_len=128)
+        prefill = runner.forward(list(enumerate(prompts)))
+        decode = runner.forward([(0, [5]), (1, [9])])
+        mixed = runner.forward([(0, [7]), (2, prompts[1][:5])])
+        logits.append(torch.cat([prefill, decode, mixed]))
+        assert runner.k_caches[0].dtype == fp8.FP8
+    torch.testing.assert_close(logits[1], logits[0], atol=ATOL, rtol=RTOL)

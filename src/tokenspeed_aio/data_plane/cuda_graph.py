@@ -92,6 +92,7 @@ class DecodeGraphs:
         backend,
         k_caches: tuple[torch.Tensor, ...],
         v_caches: tuple[torch.Tensor, ...],
+        kv_scales: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None,
         last_sampled: torch.Tensor,
         *,
         sizes: list[int],
@@ -108,7 +109,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self._model = model
         self._backend = backend
-        self._caches = (k_caches, v_caches)
+        self._caches = (k_caches, v_caches, kv_scales)
         self._last_sampled = last_sampled  # [max_num_seqs + 1]: the last is the dummies'
         self._max_model_len = max_model_len
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}

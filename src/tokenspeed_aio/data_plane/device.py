@@ -29,9 +29,11 @@ from tokenspeed_aio.model.kv_cache import (
     allocate_kv_cache,
     kv_cache_bytes_per_block,
     local_num_kv_heads,
+    resolve_kv_cache_dtype,
 )
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
 from tokenspeed_aio.model.parallel import init_tensor_parallel
+from tokenspeed_aio.model.quantization.config import resolve_quantization
 from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 
@@ -155,16 +157,23 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
             f"max_model_len: {max_model_len} exceeds the model's sliding window "
             f"({config.sliding_window}); sliding-window attention is not supported"
         )
+    quantization = resolve_quantization(args.quantization, config.quantization)
+    kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
+    backend_name = _backend_name(args.attention_backend, device)
+    if kv_dtype == torch.float8_e4m3fn and backend_name == "flashinfer":
+        raise ValueError("kv_cache_dtype: fp8 is not supported by the flashinfer backend")
     _init_tensor_parallel(rank, device)
     model = load_model(
-        config, args.model, dtype=dtype, device=device, load_format=args.load_format, seed=args.seed
-    )
+        config, args.model, dtype=dtype, device=device, load_format=args.load_format,
+        seed=args.seed, quantization=quantization,
+    )  # fmt: skip
     kv_heads = local_num_kv_heads(config.num_key_value_heads, rank.tp_size)
+    # An FP8 cache's scales: the attention layers' (the checkpoint's, else 1).
+    kv_scales = model.kv_scales() if kv_dtype == torch.float8_e4m3fn else None
     page = args.page_size
     per_block = kv_cache_bytes_per_block(
-        config.num_hidden_layers, page, kv_heads, config.head_dim, dtype
+        config.num_hidden_layers, page, kv_heads, config.head_dim, kv_dtype
     )
-    backend_name = _backend_name(args.attention_backend, device)
     backend = create_backend(
         backend_name,
         max_model_len=max_model_len,
@@ -183,7 +192,8 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
             num_layers=config.num_hidden_layers,
             num_kv_heads=kv_heads,
             head_dim=config.head_dim,
-            dtype=dtype,
+            dtype=kv_dtype,
+            kv_scales=kv_scales,
             device=device,
             page_size=page,
             num_tokens=min(args.chunked_prefill_size, max_model_len),
@@ -197,13 +207,14 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
             torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
             num_blocks = int(agreed.item())
     k_caches, v_caches = allocate_kv_cache(
-        config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype, device
+        config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, kv_dtype, device
     )
     runner = ModelRunner(
         model=model,
         vocab_size=config.vocab_size,
         k_caches=k_caches,
         v_caches=v_caches,
+        kv_scales=kv_scales,
         backend=backend,
         page_size=page,
         max_num_seqs=args.max_num_seqs,
@@ -223,13 +234,15 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         if args.grammar_backend == "xgrammar":
             warm_up_bitmask_kernel(config.vocab_size, device)
     logger.info(
-        "KV cache: %d blocks x %d tokens = %d concurrent tokens (%.2f GiB); activation peak "
-        "%.2f GiB",
+        "KV cache: %d blocks x %d tokens = %d concurrent tokens (%.2f GiB, %s); activation "
+        "peak %.2f GiB; weights %s",
         num_blocks - 1,
         page,
         (num_blocks - 1) * page,
         num_blocks * per_block / 2**30,
+        str(kv_dtype).removeprefix("torch."),
         peak / 2**30,
+        quantization.scheme if quantization else str(dtype).removeprefix("torch."),
     )
     specs = DeviceSpecs(
         num_blocks=num_blocks,

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
 from tokenspeed_kernels import fp8
 
 from tokenspeed_aio.model.attention.base import AttentionBackend

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
 from tokenspeed_kernels.fp8 import Fp8Weight
 
 from tokenspeed_aio.model.layers.activation import silu_and_mul

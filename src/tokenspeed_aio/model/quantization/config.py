@@ -70,6 +70,13 @@ def online_config(method: str) -> QuantConfig:
     return QuantConfig(source="online", weight="channel", activation="dynamic")
 
 
+def resolve_quantization(flag: str | None, checkpoint: QuantConfig | None) -> QuantConfig | None:
+    """The scheme a model runs: its checkpoint's, else ``--quantization``'s online one."""
+    if flag is None or checkpoint is not None:
+        return checkpoint
+    return online_config(flag)
+
+
 def parse_quantization(raw: dict[str, Any] | None, where: str = "config") -> QuantConfig | None:
     """A checkpoint's ``quantization_config`` (None: not quantized); ValueError naming the
     scheme when it is one the engine does not run."""
@@ -137,7 +144,7 @@ def _compressed_tensors(raw: dict[str, Any], where: str) -> QuantConfig:
     if group.get("output_activations"):
         raise ValueError(f"{where}: output activation quantization ({scheme}) is not supported")
     weight = _weight_strategy(weights, acts)
-    activation = _activation_strategy(acts, weight)
+    activation = _activation_strategy(acts, weight) if weight else None
     if weight is None or activation is None:
         raise ValueError(
             f"{where}: scheme '{scheme}' is not supported (supported: FP8 weights per tensor, "

@@ -114,7 +114,9 @@ class Fp8Params:
     def _quantize_online(self, loaded: torch.Tensor) -> bool:
         if loaded.dtype == fp8.FP8:
             if self.quant.online:
-                raise ValueError("is already float8_e4m3fn: drop --quantization for this checkpoint")
+                raise ValueError(
+                    "is already float8_e4m3fn: drop --quantization for this checkpoint"
+                )
             return False
         if not self.quant.online:
             raise ValueError(
