@@ -172,7 +172,12 @@ def main(argv: list[str]) -> int:
             "engine_args": None if ns.server else vars(args),
         },
         machine=report.machine_info(),
-        model_bytes=ModelBytes.of(config, dtype),
+        model_bytes=ModelBytes.of(
+            config,
+            dtype,
+            fp8_weights=config.quantization is not None or args.quantization is not None,
+            fp8_kv=args.kv_cache_dtype != "auto",
+        ),
         tp=args.tp,
     )
     if not ns.no_roofline:

@@ -40,10 +40,10 @@ logger = logging.getLogger(__name__)
 
 
 def default_capture_sizes(max_size: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8 up to 256 (16 beyond), capped at ``max_size``."""
+    """1, 2, 4, 8, then steps of 8 up to 256 (32 beyond), capped at ``max_size``."""
     sizes = [1, 2, 4, 8]
     sizes += list(range(16, 257, 8))
-    sizes += list(range(272, max(max_size, 256) + 1, 16))
+    sizes += list(range(288, max(max_size, 256) + 1, 32))
     return sorted({s for s in sizes if s <= max_size} | {max_size})
 
 

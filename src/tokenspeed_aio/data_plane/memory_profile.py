@@ -17,6 +17,8 @@ from tokenspeed_aio.model.kv_cache import allocate_kv_cache
 # Sampler temporaries per row and vocabulary entry: fp32 logits, logprobs, probs,
 # the sorted values and their int64 indices, the noise.
 SAMPLER_BYTES_PER_LOGIT = 28
+# The penalty state (output counts int32, prompt mask bool), allocated at the first penalty.
+PENALTY_BYTES_PER_LOGIT = 5
 
 
 @torch.inference_mode()
