@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument(
         "--num-requests",
-        type=int,
-        help="fixed-1k: per level (default max(4c, 256 if c>=64)); chat-mix, latency: total",
+        help="fixed-1k: per level, one count or one per level, e.g. 3,128,512 (default "
+        "max(4c, 256 if c>=64)); chat-mix, latency: total",
     )
     w.add_argument("--rates", help='chat-mix: arrival rates in req/s, e.g. "1,4,16,inf"')
     w.add_argument("--batch", type=int, help="latency: requests in flight at once")
@@ -91,6 +91,9 @@ def workload_kwargs(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             value = parse_list(value, float)
         elif name == "concurrency":
             value = parse_list(value)
+        elif name == "num_requests":
+            value = parse_list(value)
+            value = value if ns.workload == "fixed-1k" and len(value) > 1 else value[0]
         kwargs[name] = value
     return kwargs
 
