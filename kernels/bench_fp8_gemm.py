@@ -77,9 +77,12 @@ def fp8_copies(n: int, k: int, block: bool) -> list[Fp8Weight]:
 
 
 def timed(fn, weights) -> float | None:
+    """Microseconds per product, None where the config does not fit or the call refuses
+    the shape (``torch._scaled_mm``'s limits)."""
     try:
         return time_per_product(fn, weights)
-    except OutOfResources:
+    except (OutOfResources, RuntimeError) as err:
+        print(f"  skipped: {type(err).__name__}: {str(err)[:100]}")
         return None
 
 

@@ -185,7 +185,7 @@ def to_e4m3(x):
     x = tl.minimum(tl.maximum(x, -448.0), 448.0)
     if _INTERPRET:
         x = _round_e4m3(x)
-    return x.to(tl.float8e4nv)
+    return x.to(tl.float8e4nv, fp_downcast_rounding="rtne")
 
 
 @triton.jit
