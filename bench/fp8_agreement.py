@@ -127,7 +127,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results/fp8-agreement.json"))
     parser.add_argument("--check", action="store_true", help="exit 1 if FP8 KV changes > 1")
     parser.add_argument(
-        "--configs", nargs="+", default=list(CONFIGS)[1:], choices=list(CONFIGS)[1:],
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS)[1:],
+        choices=list(CONFIGS)[1:],
         help="what to compare with the 16-bit run (the CPU's FP8 weights are slow: the torch "
         "definition dequantizes every product's weight)",
     )
