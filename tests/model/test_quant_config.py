@@ -70,3 +70,20 @@ def test_online_quantization_and_the_flag():
         EngineArgs(quantization="int8")
     with pytest.raises(ValueError, match="kv_cache_dtype: must be one of auto, fp8"):
         EngineArgs(kv_cache_dtype="int4")
+
+
+@pytest.mark.parametrize(
+    "shape,scheme",
+    [
+        ("llama-8b-fp8", "fp8-channel-dynamic"),
+        ("llama-8b-fp8-static", "fp8-tensor-static"),
+        ("llama-8b-fp8-pertensor", "fp8-tensor-static"),
+        ("qwen3-8b-fp8-block", "fp8-block-dynamic"),
+    ],
+)
+def test_the_fp8_bench_shapes_name_their_formats(tmp_path, shape, scheme):
+    from tokenspeed_aio.bench.shapes import checkpoint_dir
+    from tokenspeed_aio.model.config import ModelConfig
+
+    config = ModelConfig.from_pretrained(checkpoint_dir(shape, tmp_path))
+    assert config.quantization.scheme == scheme
