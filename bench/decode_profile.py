@@ -77,6 +77,8 @@ def main() -> None:
         "--max-model-len", type=int, default=8192, help="sets the decode split count, as serving"
     )
     parser.add_argument("--attention-backend", default="triton")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
+    parser.add_argument("--quantization", help="fp8: quantize the shape's weights at load")
     parser.add_argument("--out", type=Path, help=OUT_HELP)
     ns = parser.parse_args()
     sizes = [int(b) for b in ns.batch.split(",")]
@@ -95,11 +97,18 @@ def main() -> None:
         cudagraph_capture_sizes=sizes,
         gpu_memory_utilization=0.85,
         attention_backend=ns.attention_backend,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        quantization=ns.quantization,
     )
     build = build_device_side(args, RankInfo())
     runner = build.handle._runner  # a profiling script reaches past the handle on purpose
     config = ModelConfig.from_pretrained(model_dir)
-    model_bytes = ModelBytes.of(config, "bfloat16")
+    model_bytes = ModelBytes.of(
+        config,
+        "bfloat16",
+        fp8_weights=config.quantization is not None or ns.quantization is not None,
+        fp8_kv=ns.kv_cache_dtype != "auto",
+    )
     results = []
     for bs in sizes:
         r = profile_batch(runner, bs, ns.context, args.page_size, ns.replays)

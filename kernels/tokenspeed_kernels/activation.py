@@ -10,6 +10,10 @@ Rounding as HF's ``act_fn(gate_proj(x)) * up_proj(x)`` in torch: silu in fp32 wi
 precise ``exp`` and an IEEE division (as torch's CUDA kernel), rounded to x's dtype, then the
 product in fp32 rounded once more, so fp32 results equal torch's bit for bit.
 
+``silu_and_mul_quant`` writes the activation quantized to e4m3 with its scales instead
+(``fp8_quant.py``'s layout), from the rounded values ``silu_and_mul`` returns: the input of an
+FP8 down projection. Per-token scales need the whole row in one program.
+
 A launch is a programmatic dependent launch where the GPU has one (``pdl.py``), like the
 norm's: it follows a decode step's gate/up product and precedes its down product.
 """
@@ -20,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import pdl, precise_math
+from tokenspeed_kernels import fp8, pdl, precise_math
+from tokenspeed_kernels.fp8_quant import group_code, scales_buffer, store_quantized
 
 BLOCK = 1024
 
@@ -36,27 +41,56 @@ def silu_mul(gate, up, PRECISE: tl.constexpr):
 
 @triton.jit
 def _silu_and_mul_kernel(
-    X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr
-):
+    X, Out, S, Static, stride_x, stride_o, stride_s, d,
+    BLOCK: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr = -2,
+):  # fmt: skip
+    """QUANT: -2 a plain output; else ``fp8_quant.group_code`` (Out e4m3, scales to S)."""
     pdl.wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
     gate = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     up = tl.load(X + row * stride_x + d + offs, mask=mask, other=0.0)
-    tl.store(Out + row * stride_o + offs, silu_mul(gate, up, PRECISE), mask=mask)
+    y = silu_mul(gate, up, PRECISE)
+    if QUANT == -2:
+        tl.store(Out + row * stride_o + offs, y, mask=mask)
+    else:
+        static = tl.load(Static) if QUANT < 0 else 1.0
+        group_id = chunk * (BLOCK // 128) if QUANT > 0 else 0
+        store_quantized(y.to(tl.float32), Out + row * stride_o, S + row * stride_s, offs, mask,
+                        group_id, tl.cdiv(d, 128), QUANT, static)  # fmt: skip
+
+
+def _launch(x: torch.Tensor, quant=None) -> tuple[torch.Tensor, torch.Tensor]:
+    assert x.shape[-1] % 2 == 0 and x.stride(-1) == 1
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, x.shape[-1])
+    out = torch.empty((x2.shape[0], d), dtype=fp8.FP8 if quant else x.dtype, device=x.device)
+    code, s, stride_s, block = -2, out, 0, BLOCK
+    if quant is not None:
+        code = group_code(*quant)
+        s = scales_buffer(x2.shape[0], d, x.device, *quant)
+        stride_s = s.stride(0) if code >= 0 else 0
+        block = triton.next_power_of_2(d) if code == 0 else BLOCK  # per token: a row a program
+    if x2.shape[0] > 0:
+        grid = (x2.shape[0], triton.cdiv(d, block))
+        _silu_and_mul_kernel[grid](
+            x2, out, s, s, x2.stride(0), out.stride(0), stride_s, d, BLOCK=block,
+            PRECISE=precise_math.PRECISE_MATH, QUANT=code,
+            num_warps=min(max(block // 1024, 4), 16), **pdl.launch_args(),
+        )  # fmt: skip
+    return out.view(*x.shape[:-1], d), s
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` (layout and rounding: module doc)."""
-    assert x.shape[-1] % 2 == 0 and x.stride(-1) == 1
-    d = x.shape[-1] // 2
-    x2 = x.reshape(-1, x.shape[-1])
-    out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
-    if x2.shape[0] > 0:
-        grid = (x2.shape[0], triton.cdiv(d, BLOCK))
-        _silu_and_mul_kernel[grid](
-            x2, out, x2.stride(0), out.stride(0), d, BLOCK=BLOCK,
-            PRECISE=precise_math.PRECISE_MATH, **pdl.launch_args(),
-        )  # fmt: skip
-    return out.view(*x.shape[:-1], d)
+    return _launch(x)[0]
+
+
+def silu_and_mul_quant(
+    x: torch.Tensor, group: int | None = None, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq, scales): ``fp8.quantize_rows(silu_and_mul(x), group, static_scale)`` in one
+    launch; x [M, 2d]."""
+    return _launch(x, (group, static_scale))

@@ -4,6 +4,10 @@ Cache layout, one tensor per layer and per K/V::
 
     cache: [num_blocks, page_size, num_kv_heads, head_dim]   (head_dim contiguous)
 
+An FP8 (e4m3) cache holds each value divided by its head's scale; tiles are widened to the
+query's dtype (exact: every e4m3 value is a bf16, fp16 and fp32 value) and the scales are the
+callers': k's multiplies the scores (``scale_log2``), v's the output.
+
 A row's token at absolute position ``n`` lives in block ``block_tables[row, n // page_size]``
 at offset ``n % page_size``. Tiles are gathered token by token, so any page size (1 included)
 and any block order work; a token's ``head_dim`` values are contiguous, which keeps each load
@@ -63,7 +67,8 @@ def attend_keys(
     """Online-softmax update of (acc, m_i, l_i) with the keys at positions [n_lo, n_hi).
 
     With CAUSAL, query i sees keys at positions <= q_pos[i]. Callers guarantee every tile
-    holds at least one key each query sees, so the running max stays finite.
+    holds at least one key each query sees, so the running max stays finite. An FP8 cache's
+    k scale is in ``scale_log2``; its v scale multiplies the caller's output (module doc).
     """
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -72,7 +77,7 @@ def attend_keys(
             K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_kb, stride_kp, stride_kh, PAGE_SIZE,
         )  # fmt: skip
-        s = mma(q, tl.trans(k)) * scale_log2
+        s = mma(q, tl.trans(k.to(q.dtype))) * scale_log2
         if CAUSAL:
             s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
         else:
@@ -85,6 +90,16 @@ def attend_keys(
             V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_vb, stride_vp, stride_vh, PAGE_SIZE,
         )  # fmt: skip
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + mma(p.to(q.dtype), v.to(q.dtype))
         m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def head_scales(K_scale, V_scale, kv_head, K_cache):
+    """(k's, v's) scale of ``kv_head`` for an FP8 cache (``K_scale``/``V_scale``: [Hkv] fp32),
+    1 for a 16-bit one (whose scale pointers are never read)."""
+    if K_cache.dtype.element_ty == tl.float8e4nv:
+        return tl.load(K_scale + kv_head), tl.load(V_scale + kv_head)
+    else:
+        return 1.0, 1.0

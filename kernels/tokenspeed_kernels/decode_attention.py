@@ -75,7 +75,8 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernels import precise_math
-from tokenspeed_kernels.attention_tiles import attend_keys
+from tokenspeed_kernels.attention_tiles import attend_keys, head_scales
+from tokenspeed_kernels.fp8 import cache_scales
 from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_heads, store_kv_slot
 
 BLOCK_N = 64  # keys per tile
@@ -103,6 +104,8 @@ def _decode_split_kernel(
     Mid_lse,  # [B, num_q_heads, num_kv_splits] fp32, log2-sum-exp2 of the scaled scores
     Out,
     Counters,  # [>= B * num_kv_heads] int32, zero before and after the launch (module doc)
+    K_scale,  # an FP8 cache's [num_kv_heads] fp32 scales (``attention_tiles``), else unread
+    V_scale,
     scale_log2,  # softmax scale * log2(e): scores are exponentiated with exp2
     num_kv_splits,
     stride_ot,
@@ -149,6 +152,7 @@ def _decode_split_kernel(
     num_q_heads = tl.num_programs(1) * GROUP
 
     seq_len = tl.load(Seq_lens + row)
+    k_scale, v_scale = head_scales(K_scale, V_scale, kv_head, K_cache)
     chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
@@ -174,8 +178,8 @@ def _decode_split_kernel(
                 eps, head_dim, 1, 1, HALF, HALF, QK_NORM, PRECISE,
             )  # fmt: skip
             store_kv_slot(
-                k1, k2, V_new, K_cache, V_cache, Slot_mapping, row, kv_head, stride_vnt,
-                stride_slot, offs_half, HALF,
+                k1, k2, V_new, K_cache, V_cache, Slot_mapping, K_scale, V_scale, row, kv_head,
+                stride_vnt, stride_slot, offs_half, HALF,
             )  # fmt: skip
             tl.debug_barrier()
     if start < end:
@@ -199,17 +203,17 @@ def _decode_split_kernel(
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, offs_h, start, end,
-            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
             PAGE_SIZE, BLOCK_N, False,
         )  # fmt: skip
 
+        o = acc / l_i[:, None] * v_scale
         if DIRECT:
-            tl.store(out_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=hd_mask)
+            tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=hd_mask)
         else:
             mid = (row.to(tl.int64) * num_q_heads + q_heads) * num_kv_splits + split
-            tl.store(Mid_o + mid[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None],
-                     mask=hd_mask)  # fmt: skip
+            tl.store(Mid_o + mid[:, None] * HEAD_DIM + offs_d[None, :], o, mask=hd_mask)
             tl.store(Mid_lse + mid, m_i + tl.log2(l_i), mask=h_mask)
             # Count this split done; the row's last one to finish merges (module doc).
             tl.debug_barrier()  # every thread's partials stored before the count
@@ -306,6 +310,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     new_token: NewToken | None = None,
     counters: torch.Tensor | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attend each row's single query to its ``seq_lens[b]`` cached keys (layout: module doc).
 
@@ -315,7 +320,8 @@ def decode_attention(
     rotates q and k and stores k and v first (module doc); q and new_token's tensors are
     only read. ``counters`` (int32, zero, at least B * num_kv_heads entries, left zero) is
     the split merge's; a caller that replays the launch from a CUDA graph keeps one across
-    launches, by default each call makes one.
+    launches, by default each call makes one. An FP8 (e4m3) cache takes ``kv_scales``: k's
+    and v's [num_kv_heads] fp32 scales.
     """
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -341,9 +347,10 @@ def decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
     block_h = max(16, triton.next_power_of_2(group))
+    k_scale, v_scale = cache_scales(k_cache, kv_scales)
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, counters,
-        scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
+        k_scale, v_scale, scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels.attention_tiles import attend_keys
+from tokenspeed_kernels.attention_tiles import attend_keys, head_scales
+from tokenspeed_kernels.fp8 import cache_scales
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -48,6 +49,8 @@ def _extend_kernel(
     Query_start_loc,
     Seq_lens,
     Out,
+    K_scale,  # an FP8 cache's [num_kv_heads] fp32 scales (``attention_tiles``), else unread
+    V_scale,
     scale_log2,
     stride_qt,
     stride_qh,
@@ -79,6 +82,7 @@ def _extend_kernel(
         seq_len = tl.load(Seq_lens + row)
         context = seq_len - q_len
         kv_head = head // GROUP
+        k_scale, v_scale = head_scales(K_scale, V_scale, kv_head, K_cache)
         offs_m = m_lo + tl.arange(0, BLOCK_M)
         m_mask = offs_m < q_len
         offs_d = tl.arange(0, BLOCK_D)
@@ -100,19 +104,19 @@ def _extend_kernel(
         kv_hi = tl.minimum(seq_len, context + m_lo + BLOCK_M)
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, q_pos, 0, full_hi,
-            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
             PAGE_SIZE, BLOCK_N, False,
         )  # fmt: skip
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, q_pos, full_hi, kv_hi,
-            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
+            K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
             PAGE_SIZE, BLOCK_N, True,
         )  # fmt: skip
         tl.store(
             Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-            (acc / l_i[:, None]).to(Out.dtype.element_ty),
+            (acc / l_i[:, None] * v_scale).to(Out.dtype.element_ty),
             mask=io_mask,
         )
 
@@ -128,6 +132,7 @@ def extend_attention(
     scale: float,
     out: torch.Tensor | None = None,
     row_start: int = 0,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of every row's new tokens over its cached keys (layout: module doc).
 
@@ -135,6 +140,7 @@ def extend_attention(
     With ``row_start``, rows before it are left alone (their outputs unwritten): a caller
     that attends a mixed batch's leading decode rows with ``decode_attention`` passes the
     whole batch's tensors, so no view moves a pointer (Triton specializes on alignment).
+    An FP8 (e4m3) cache takes ``kv_scales``: k's and v's [num_kv_heads] fp32 scales.
     """
     _, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -146,8 +152,9 @@ def extend_attention(
     if batch <= 0 or max_query_len == 0:
         return out
     grid = (num_q_heads, triton.cdiv(max_query_len, BLOCK_M), batch)
+    k_scale, v_scale = cache_scales(k_cache, kv_scales)
     _extend_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, k_scale, v_scale,
         scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

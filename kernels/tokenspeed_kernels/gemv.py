@@ -72,7 +72,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import pdl, precise_math, tuning
+from tokenspeed_kernels import fp8, fp8_jit, pdl, precise_math, tuning
 from tokenspeed_kernels.activation import silu_mul
 
 
@@ -100,16 +100,14 @@ def load_weight(ptrs, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(
-    w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
-    PAIRED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr,
-):  # fmt: skip
-    """One BLOCK_K step of ``products``: the weight tiles ``w`` (and ``w_b``) at ``k0`` times
-    that slice of x (the normed h with NORM)."""
+def _chunk(k0, offs_k, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
+           NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr,
+           STORE_H: tl.constexpr):  # fmt: skip
+    """fp32 x at ``k0 + offs_k`` (the normed h with NORM; h stored where STORE_H)."""
     mask_k = (k0 + offs_k) < K
     if NORM:
         h = _load_h(X, Residual, k0 + offs_k, mask_k, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
+        if HAS_RESIDUAL and STORE_H:
             tl.store(ResidualOut + k0 + offs_k, h, mask=(k0 + offs_k) < h_end)
         hf = h.to(tl.float32)
         g = tl.load(NormW + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -121,22 +119,50 @@ def _accumulate(
             x = g * hf
     else:
         x = tl.load(X + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    if PAIRED:
-        acc_b += tl.sum(w_b.to(tl.float32) * x[None, :], axis=1)
+    return x, sum_sq
+
+
+@triton.jit
+def _accumulate(
+    w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
+    sx, ws, ws_b, num_kb,
+    PAIRED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr,
+    FP8: tl.constexpr,
+):  # fmt: skip
+    """One BLOCK_K step of ``products``: the weight tiles ``w`` (and ``w_b``) at ``k0`` times
+    that slice of x (the normed h with NORM); with FP8, x quantized first (``fp8.py``): by
+    the row's scale ``sx`` (FP8 == 1), or by each 128-group's own scale, each group's partial
+    sums times its weight blocks' scales (FP8 == 2; ``ws``: the rows' block-row pointers)."""
+    x, sum_sq = _chunk(k0, offs_k, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
+                       NORM, HAS_RESIDUAL, TWO_PASS, True)  # fmt: skip
+    if FP8 == 2:
+        acc = fp8_jit.block_dot(w, x, k0, ws, num_kb, acc)
+        if PAIRED:
+            acc_b = fp8_jit.block_dot(w_b, x, k0, ws_b, num_kb, acc_b)
+    else:
+        if FP8 == 1:
+            x = fp8_jit.fake_quantize(x, sx)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if PAIRED:
+            acc_b += tl.sum(w_b.to(tl.float32) * x[None, :], axis=1)
     return acc, acc_b, sum_sq
 
 
 @triton.jit
 def products(
     X, W, Bias, Residual, NormW, ResidualOut, rows, rows_b, mask_n, K, stride_wn, eps, writes_h,
+    W_scale, X_scale, stride_ws,
     BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PAIRED: tl.constexpr, NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PDL: tl.constexpr, EVEN: tl.constexpr,
+    FP8: tl.constexpr = 0, STATIC: tl.constexpr = False,
 ):  # fmt: skip
     """fp32 ``x . W[rows] + bias[rows]`` (x: the normed h with NORM, module doc), and the same
     for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h. Only the weight, which
     no kernel writes, is read before ``pdl.wait_prior``: the first tile, except with the
-    two-pass prologue, whose first loop reads h (module doc)."""
+    two-pass prologue, whose first loop reads h (module doc). FP8 (module doc): 0 a 16-bit
+    weight; 1 e4m3 with a scale per row of ``W_scale``, x quantized by its amax (a prologue
+    loop) or by the static ``X_scale``; 2 e4m3 with 128 x 128 block scales ``W_scale``
+    (row stride ``stride_ws``), x quantized per 128-group."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = W + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     b_ptrs = W + rows_b.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
@@ -144,6 +170,10 @@ def products(
     acc_b = tl.zeros(rows.shape, dtype=tl.float32)
     sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)  # of h, lane by lane
     h_end = tl.where(writes_h, K, 0)
+    # FP8 == 2: each row's block row of scales (a masked row reads row 0's)
+    ws = W_scale + (tl.where(mask_n, rows, 0) // 128) * stride_ws
+    ws_b = W_scale + (tl.where(mask_n, rows_b, 0) // 128) * stride_ws
+    num_kb = tl.cdiv(K, 128)
     peeled: tl.constexpr = not (NORM and TWO_PASS)
     if peeled:
         w_mask = mask_n[:, None] & (offs_k < K)[None, :]
@@ -154,17 +184,28 @@ def products(
     pdl.wait_prior(PDL)
     rstd = 1.0  # the two-pass prologue's, known before its product loop
     start = 0
-    if peeled:
-        acc, acc_b, sum_sq = _accumulate(
-            w, w_b, 0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
-            h_end, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS,
-        )  # fmt: skip
-        start = BLOCK_K
-    else:
+    if not peeled:
         for k0 in range(0, K, BLOCK_K):
             h = _load_h(X, Residual, k0 + offs_k, (k0 + offs_k) < K, HAS_RESIDUAL).to(tl.float32)
             sum_sq += h * h
         rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
+    sx = 1.0  # FP8 == 1: x's scale, known before the product loop
+    if FP8 == 1:
+        if STATIC:
+            sx = tl.load(X_scale)
+        else:
+            amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                x, _ = _chunk(k0, offs_k, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
+                              h_end, NORM, HAS_RESIDUAL, TWO_PASS, False)  # fmt: skip
+                amax = tl.maximum(amax, tl.abs(x))
+            sx = fp8_jit.scale_of_amax(tl.max(amax, 0))
+    if peeled:
+        acc, acc_b, sum_sq = _accumulate(
+            w, w_b, 0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
+            h_end, sx, ws, ws_b, num_kb, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS, FP8,
+        )  # fmt: skip
+        start = BLOCK_K
     for k0 in range(start, K, BLOCK_K):
         w_mask = mask_n[:, None] & ((k0 + offs_k) < K)[None, :]
         w = load_weight(w_ptrs + k0, w_mask, EVEN)
@@ -173,12 +214,16 @@ def products(
             w_b = load_weight(b_ptrs + k0, w_mask, EVEN)
         acc, acc_b, sum_sq = _accumulate(
             w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
-            h_end, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS,
+            h_end, sx, ws, ws_b, num_kb, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS, FP8,
         )  # fmt: skip
     if NORM and not TWO_PASS:
         rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
         acc *= rstd
         acc_b *= rstd
+    if FP8 == 1:
+        acc *= sx * tl.load(W_scale + rows, mask=mask_n, other=0.0)
+        if PAIRED:
+            acc_b *= sx * tl.load(W_scale + rows_b, mask=mask_n, other=0.0)
     if HAS_BIAS:
         acc += tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
         if PAIRED:
@@ -195,6 +240,9 @@ def _gemv_kernel(
     Residual,
     NormW,
     ResidualOut,
+    W_scale,  # these three: FP8's (``products``), unread without it
+    X_scale,
+    stride_ws,
     N,
     K,
     stride_wn,
@@ -209,13 +257,16 @@ def _gemv_kernel(
     PRECISE: tl.constexpr,
     PDL: tl.constexpr,
     EVEN: tl.constexpr,  # BLOCK_N divides N and BLOCK_K divides K
+    FP8: tl.constexpr,
+    STATIC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     acc, acc_up = products(
         X, W, Bias, Residual, NormW, ResidualOut, offs_n, offs_n + N, mask_n, K, stride_wn, eps,
-        pid == 0, BLOCK_K, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, TWO_PASS, PDL, EVEN,
+        pid == 0, W_scale, X_scale, stride_ws,
+        BLOCK_K, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, TWO_PASS, PDL, EVEN, FP8, STATIC,
     )  # fmt: skip
     y = acc.to(Y.dtype.element_ty)
     if SILU_MUL:
@@ -245,17 +296,28 @@ def norm_configs(
     return tuning.table("gemv_norm", device)
 
 
-def pointer_args(x, weight, bias, y, norm_weight, residual, h) -> tuple:
-    """The kernels' first seven arguments, the operand itself standing in for an absent one
-    (its constexpr keeps it unread)."""
-    assert x.shape[0] == 1 and weight.shape[1] == x.shape[1]
-    assert x.stride(1) == 1 and weight.is_contiguous()
-    return (
-        x, weight, bias if bias is not None else weight, y,
+def pointer_args(x, weight, bias, y, norm_weight, residual, h) -> tuple[tuple, dict]:
+    """The kernels' first ten arguments, the operand itself standing in for an absent one
+    (its constexpr keeps it unread), and the FP8 constexprs (``fp8.kernel_args``)."""
+    w, fp8_args, fp8_flags = fp8.kernel_args(weight)
+    assert x.shape[0] == 1 and w.shape[1] == x.shape[1]
+    assert x.stride(1) == 1 and w.is_contiguous()
+    args = (
+        x, w, bias if bias is not None else w, y,
         residual if residual is not None else x,
         norm_weight if norm_weight is not None else x,
         h if residual is not None else x,
+        *fp8_args,
     )  # fmt: skip
+    return args, fp8_flags
+
+
+def check_tiles(weight, block_k: int, norm: bool, two_pass: bool) -> None:
+    """A block-scaled weight's K chunks hold whole 128-groups; an FP8 product's norm prologue
+    rounds the normed input as the norm kernel does (x is quantized from those values)."""
+    if isinstance(weight, fp8.Fp8Weight):
+        assert not weight.block or block_k % fp8.BLOCK == 0, "block scales: BLOCK_K % 128"
+        assert not norm or two_pass, "an FP8 product's norm prologue is the two-pass one"
 
 
 def _launch(
@@ -275,14 +337,15 @@ def _launch(
     assert not silu_mul or (bias is None and rows % 2 == 0)
     n = rows // 2 if silu_mul else rows
     block_n, block_k, num_warps, num_stages = tiles
+    check_tiles(weight, block_k, norm_weight is not None, two_pass)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    args, fp8_flags = pointer_args(x, weight, bias, y, norm_weight, residual, h)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        *pointer_args(x, weight, bias, y, norm_weight, residual, h),
-        n, x.shape[1], weight.stride(0), eps,
+        *args, n, x.shape[1], x.shape[1], eps,
         BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, TWO_PASS=two_pass,
         PRECISE=precise_math.PRECISE_MATH, EVEN=n % block_n == 0 and x.shape[1] % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
+        num_warps=num_warps, num_stages=num_stages, **fp8_flags, **pdl.launch_args(),
     )  # fmt: skip
     return y
 

@@ -30,28 +30,38 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import pdl, precise_math, tuning
-from tokenspeed_kernels.gemv import NORM_DEFAULT, norm_configs, norm_output, pointer_args, products
+from tokenspeed_kernels import fp8_jit, pdl, precise_math, tuning
+from tokenspeed_kernels.fp8 import cache_scales
+from tokenspeed_kernels.gemv import (
+    NORM_DEFAULT,
+    check_tiles,
+    norm_configs,
+    norm_output,
+    pointer_args,
+    products,
+)
 from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
 
 @triton.jit
-def _store_halves(ptr, x1, x2, offs, HALF: tl.constexpr, stores):
-    """x1 at ``ptr + offs`` and x2 HALF on, cast to ptr's dtype, if the scalar ``stores``."""
+def _store_halves(ptr, x1, x2, offs, HALF: tl.constexpr, stores, scale):
+    """x1 at ``ptr + offs`` and x2 HALF on, as ptr's dtype (an FP8 cache's: by ``scale``,
+    ``fp8_jit.to_cache``), if the scalar ``stores``."""
     mask = offs < tl.where(stores, HALF, 0)  # (the interpreter can't AND a scalar into a mask)
-    tl.store(ptr + offs, x1.to(ptr.dtype.element_ty), mask=mask)
-    tl.store(ptr + offs + HALF, x2.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + offs, fp8_jit.to_cache(x1, ptr, scale), mask=mask)
+    tl.store(ptr + offs + HALF, fp8_jit.to_cache(x2, ptr, scale), mask=mask)
 
 
 @triton.jit
 def _gemv_rope_kv_kernel(
-    X, W, Bias, Q, Residual, NormW, ResidualOut,
-    Positions, Cos_sin, K_cache, V_cache, Slot_mapping,
+    X, W, Bias, Q, Residual, NormW, ResidualOut, W_scale, X_scale, stride_ws,
+    Positions, Cos_sin, K_cache, V_cache, Slot_mapping, K_scale, V_scale,
     K, stride_wn, stride_cs, stride_slot, eps,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr,
     EVEN: tl.constexpr,  # BLOCK_HALF divides HALF and BLOCK_K divides K
+    FP8: tl.constexpr, STATIC: tl.constexpr,  # the weight's (``gemv.products``)
 ):  # fmt: skip
     pid = tl.program_id(0)
     per_head = (HALF + BLOCK_HALF - 1) // BLOCK_HALF  # programs
@@ -61,7 +71,8 @@ def _gemv_rope_kv_kernel(
     rows = head * (2 * HALF) + offs
     acc1, acc2 = products(
         X, W, Bias, Residual, NormW, ResidualOut, rows, rows + HALF, mask, K, stride_wn, eps,
-        pid == 0, BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS, PDL, EVEN,
+        pid == 0, W_scale, X_scale, stride_ws,
+        BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS, PDL, EVEN, FP8, STATIC,
     )  # fmt: skip
     x1 = acc1.to(Q.dtype.element_ty)  # the product's rounding, as gemv's output
     x2 = acc2.to(Q.dtype.element_ty)
@@ -75,9 +86,13 @@ def _gemv_rope_kv_kernel(
     slot = tl.load(Slot_mapping)
     in_slot = slot * stride_slot + (kv_head % NUM_KV_HEADS) * (2 * HALF)
     is_k = (kv_head >= 0) & (kv_head < NUM_KV_HEADS)
-    _store_halves(Q + head * (2 * HALF), o1, o2, offs, HALF, kv_head < 0)
-    _store_halves(K_cache + in_slot, o1, o2, offs, HALF, (slot >= 0) & is_k)
-    _store_halves(V_cache + in_slot, x1, x2, offs, HALF, (slot >= 0) & (kv_head >= NUM_KV_HEADS))
+    cache_head = tl.where(kv_head >= 0, kv_head % NUM_KV_HEADS, 0)
+    k_scale = tl.load(K_scale + cache_head)  # an FP8 cache's per-head scales
+    v_scale = tl.load(V_scale + cache_head)
+    _store_halves(Q + head * (2 * HALF), o1, o2, offs, HALF, kv_head < 0, 1.0)
+    _store_halves(K_cache + in_slot, o1, o2, offs, HALF, (slot >= 0) & is_k, k_scale)
+    _store_halves(V_cache + in_slot, x1, x2, offs, HALF, (slot >= 0) & (kv_head >= NUM_KV_HEADS),
+                  v_scale)  # fmt: skip
 
 
 def rope_kv_configs(
@@ -117,10 +132,12 @@ def norm_gemv_rope_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     config: tuple[int, int, int, int, bool] | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``norm_gemv`` of a qkv projection followed by ``rotary.apply_rotary`` with its
     ``kv_store``, in one launch: returns (q [1, Hq * D] rotated, h) and writes the token's
-    rotated k and its v at ``slot_mapping[0]`` of the caches (layout: module doc)."""
+    rotated k and its v at ``slot_mapping[0]`` of the caches (layout: module doc). ``weight``
+    may be an ``fp8.Fp8Weight``; FP8 caches take ``kv_scales`` (k's and v's [Hkv] fp32)."""
     h = norm_output(x, residual, norm_weight)
     _, _, num_kv_heads, head_dim = k_cache.shape
     rows, k = weight.shape
@@ -132,17 +149,19 @@ def norm_gemv_rope_kv(
     assert v_cache.shape == k_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
     config = config or rope_kv_config(rows, k, x.device)
     block_half, block_k, num_warps, num_stages, two_pass = config
+    check_tiles(weight, block_k, True, two_pass)
+    k_scale, v_scale = cache_scales(k_cache, kv_scales)
     half = head_dim // 2
     q = torch.empty((1, num_q_heads * head_dim), dtype=x.dtype, device=x.device)
     grid = ((num_q_heads + 2 * num_kv_heads) * triton.cdiv(half, block_half),)
+    args, fp8_flags = pointer_args(x, weight, bias, q, norm_weight, residual, h)
     _gemv_rope_kv_kernel[grid](
-        *pointer_args(x, weight, bias, q, norm_weight, residual, h),
-        positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-        k, weight.stride(0), cos_sin_cache.stride(0), num_kv_heads * head_dim, eps,
+        *args, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+        k, k, cos_sin_cache.stride(0), num_kv_heads * head_dim, eps,
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, BLOCK_HALF=block_half,
         BLOCK_K=block_k, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         TWO_PASS=two_pass, PRECISE=precise_math.PRECISE_MATH,
         EVEN=half % block_half == 0 and k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
+        num_warps=num_warps, num_stages=num_stages, **fp8_flags, **pdl.launch_args(),
     )  # fmt: skip
     return q, h

@@ -8,7 +8,8 @@ Layout contract::
     slot_mapping:  [num_tokens] int64, block * page_size + offset; -1 = padding, not written
 
 One program per token copies its ``num_kv_heads * head_dim`` values of k and of v, cast to
-the cache's dtype. The grid depends only on num_tokens, so one launch per batch size is the
+the cache's dtype; an FP8 (e4m3) cache stores each value divided by its head's scale
+(``kv_scales``: k's and v's [num_kv_heads] fp32, ``fp8.py``'s rounding). The grid depends only on num_tokens, so one launch per batch size is the
 same every step (CUDA-graph capturable).
 """
 
@@ -18,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernels import fp8_jit
+from tokenspeed_kernels.fp8 import cache_scales
+
 
 @triton.jit
 def _kv_write_kernel(
@@ -26,11 +30,14 @@ def _kv_write_kernel(
     K_cache,
     V_cache,
     Slot_mapping,
+    K_scale,  # [num_kv_heads] fp32: an FP8 cache's, unread otherwise
+    V_scale,
     stride_kt,
     stride_vt,
     stride_k_slot,
     stride_v_slot,
     ROW: tl.constexpr,  # num_kv_heads * head_dim
+    HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     token = tl.program_id(0)
@@ -40,8 +47,16 @@ def _kv_write_kernel(
     mask = offs < tl.where(slot >= 0, ROW, 0)
     k = tl.load(K + token.to(tl.int64) * stride_kt + offs, mask=mask)
     v = tl.load(V + token.to(tl.int64) * stride_vt + offs, mask=mask)
-    tl.store(K_cache + slot * stride_k_slot + offs, k.to(K_cache.dtype.element_ty), mask=mask)
-    tl.store(V_cache + slot * stride_v_slot + offs, v.to(V_cache.dtype.element_ty), mask=mask)
+    k_cache = K_cache + slot * stride_k_slot + offs
+    v_cache = V_cache + slot * stride_v_slot + offs
+    if K_cache.dtype.element_ty == tl.float8e4nv:
+        head = offs // HEAD_DIM
+        k_scale = tl.load(K_scale + head, mask=mask, other=1.0)
+        v_scale = tl.load(V_scale + head, mask=mask, other=1.0)
+    else:
+        k_scale, v_scale = 1.0, 1.0
+    tl.store(k_cache, fp8_jit.to_cache(k, k_cache, k_scale), mask=mask)
+    tl.store(v_cache, fp8_jit.to_cache(v, v_cache, v_scale), mask=mask)
 
 
 def kv_write(
@@ -50,8 +65,10 @@ def kv_write(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Store k/v [num_tokens, Hkv, D] at ``slot_mapping`` in the caches (layout: module doc)."""
+    """Store k/v [num_tokens, Hkv, D] at ``slot_mapping`` in the caches (layout: module doc);
+    an FP8 cache takes ``kv_scales``."""
     num_tokens, num_kv_heads, head_dim = k.shape
     row = num_kv_heads * head_dim
     for x in (k, v):
@@ -63,8 +80,9 @@ def kv_write(
         assert cache.stride(2) == head_dim and cache.stride(3) == 1
     if num_tokens == 0:
         return
+    k_scale, v_scale = cache_scales(k_cache, kv_scales)
     _kv_write_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
         k.stride(0), v.stride(0), k_cache.stride(1), v_cache.stride(1),
-        ROW=row, BLOCK=triton.next_power_of_2(row), num_warps=4,
+        ROW=row, HEAD_DIM=head_dim, BLOCK=triton.next_power_of_2(row), num_warps=4,
     )  # fmt: skip

@@ -15,6 +15,10 @@ Math (as HF's ``LlamaRMSNorm`` after ``hidden = residual + hidden``)::
 where ``round`` is to x's dtype; the mean and rsqrt are in fp32. One program per row holds the
 whole row in registers, so hidden sizes up to a few tens of thousands are fine.
 
+``quant=...`` (``rms_norm_quant``) writes the output quantized to e4m3 instead, with its
+scales (``fp8_quant.py``'s layout: per token, per 128-group or a static scale): the input of
+an FP8 product, from the rounded values the plain kernel would store.
+
 A launch is a programmatic dependent launch where the GPU has one (``pdl.py``): the norm
 usually sits between two products of a decode step, so it waits for the one before it with
 its programs already resident, and lets the one after it start while it runs.
@@ -26,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import pdl
+from tokenspeed_kernels import fp8, pdl
+from tokenspeed_kernels.fp8_quant import group_code, scales_buffer, store_quantized
 
 
 @triton.jit
@@ -34,8 +39,11 @@ def _rms_norm_kernel(
     X,
     Residual,
     W,
-    Out,
+    Out,  # with QUANT >= -1: the e4m3 output
     Residual_out,
+    S,  # QUANT's scales, and its static scale (unread otherwise)
+    Static,
+    stride_s,
     stride_x,
     stride_r,
     stride_o,
@@ -45,6 +53,7 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    QUANT: tl.constexpr = -2,  # -2: none; else ``fp8_quant.group_code``
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -60,7 +69,13 @@ def _rms_norm_kernel(
     hf = h.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(hf * hf, 0) / hidden + eps)
     normed = (hf * rstd).to(X.dtype.element_ty).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
+    if QUANT == -2:
+        tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
+    else:
+        y = (w * normed).to(X.dtype.element_ty).to(tl.float32)
+        static = tl.load(Static) if QUANT < 0 else 1.0
+        store_quantized(y, Out + row * stride_o, S + row * stride_s, offs, mask, 0,
+                        tl.cdiv(hidden, 128), QUANT, static)  # fmt: skip
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -69,28 +84,49 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _launch(x, residual, weight, eps):
+def _launch(x, residual, weight, eps, quant=None):
+    """(out, residual out, scales); ``quant`` = (group, static_scale): out is e4m3."""
     hidden = x.shape[-1]
     assert weight.shape == (hidden,) and weight.is_contiguous()
     x2 = _rows(x)
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    out_dtype = fp8.FP8 if quant is not None else x.dtype
+    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
     r2 = _rows(residual) if residual is not None else x2
-    r_out = torch.empty_like(out) if residual is not None else out
+    r_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else x2
+    code, s, stride_s = -2, x2, 0
+    if quant is not None:
+        code = group_code(*quant)
+        s = scales_buffer(x2.shape[0], hidden, x.device, *quant)
+        stride_s = s.stride(0) if code >= 0 else 0
     block = triton.next_power_of_2(hidden)
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, r_out,
+            x2, r2, weight, out, r_out, s, s, stride_s,
             x2.stride(0), r2.stride(0), out.stride(0), r_out.stride(0),
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, QUANT=code,
             num_warps=min(max(block // 256, 1), 16), **pdl.launch_args(),
         )  # fmt: skip
-    return out.view(x.shape), r_out.view(x.shape)
+    return out.view(x.shape), r_out.view(x.shape), s
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x (layout and rounding: module doc)."""
     return _launch(x, None, weight, eps)[0]
+
+
+def rms_norm_quant(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    group: int | None = None,
+    static_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(xq, scales, h): ``fp8.quantize_rows(rms_norm(h), group, static_scale)`` with ``h = x
+    + residual`` (x itself without residual), in one launch; x [M, hidden]."""
+    q, h, s = _launch(x, residual, weight, eps, (group, static_scale))
+    return q, s, h
 
 
 def fused_add_rms_norm(
@@ -99,4 +135,4 @@ def fused_add_rms_norm(
     """``residual = x + residual; return rms_norm(residual), residual`` in one pass (as vLLM's
     fused_add_rms_norm, but out of place: both results are new tensors)."""
     assert residual.shape == x.shape and residual.dtype == x.dtype
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps)[:2]

@@ -47,6 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernels import fp8_jit
+from tokenspeed_kernels.fp8 import cache_scales
 from tokenspeed_kernels.precise_math import mul_rn
 
 
@@ -149,24 +151,30 @@ def _rotate_heads(
 
 @triton.jit
 def store_kv_slot(
-    k1, k2, V, K_cache, V_cache, Slot_mapping, token, kv_head, stride_vt, stride_slot, offs,
-    HALF: tl.constexpr,
+    k1, k2, V, K_cache, V_cache, Slot_mapping, K_scale, V_scale, token, kv_head, stride_vt,
+    stride_slot, offs, HALF: tl.constexpr,
 ):  # fmt: skip
     """Write one token's kv head: its rotated halves k1, k2 ([1, BLOCK_HALF]) and its v (read
-    from V) at the token's slot of the caches; slot -1 (padding) writes nothing."""
+    from V) at the token's slot of the caches; slot -1 (padding) writes nothing. An FP8 cache
+    stores them divided by the head's scale (``K_scale``/``V_scale`` [num_kv_heads] fp32,
+    unread for a 16-bit cache; ``fp8_jit.to_cache``)."""
     slot = tl.load(Slot_mapping + token)
     # Heads of a cache slot are back to back: head h's values start at h * 2 * HALF.
     heads = (kv_head + tl.arange(0, 1))[:, None] * (2 * HALF)
     # A padding token (slot -1) masks its whole row out.
     mask = (offs < tl.where(slot >= 0, HALF, 0))[None, :]
+    k_scale, v_scale = 1.0, 1.0
+    if K_cache.dtype.element_ty == tl.float8e4nv:
+        k_scale = tl.load(K_scale + kv_head)
+        v_scale = tl.load(V_scale + kv_head)
     k_ptr = K_cache + slot * stride_slot + heads + offs[None, :]
-    tl.store(k_ptr, k1.to(K_cache.dtype.element_ty), mask=mask)
-    tl.store(k_ptr + HALF, k2.to(K_cache.dtype.element_ty), mask=mask)
+    tl.store(k_ptr, fp8_jit.to_cache(k1, k_ptr, k_scale), mask=mask)
+    tl.store(k_ptr + HALF, fp8_jit.to_cache(k2, k_ptr, k_scale), mask=mask)
     v_ptr = V + token.to(tl.int64) * stride_vt + heads + offs[None, :]
     v_out = V_cache + slot * stride_slot + heads + offs[None, :]
-    tl.store(v_out, tl.load(v_ptr, mask=mask).to(V_cache.dtype.element_ty), mask=mask)
+    tl.store(v_out, fp8_jit.to_cache(tl.load(v_ptr, mask=mask), v_out, v_scale), mask=mask)
     v_hi = tl.load(v_ptr + HALF, mask=mask)
-    tl.store(v_out + HALF, v_hi.to(V_cache.dtype.element_ty), mask=mask)
+    tl.store(v_out + HALF, fp8_jit.to_cache(v_hi, v_out, v_scale), mask=mask)
 
 
 @triton.jit
@@ -184,6 +192,8 @@ def _rotary_kernel(
     K_cache,
     V_cache,
     Slot_mapping,
+    K_scale,  # an FP8 cache's [num_kv_heads] fp32 scales (``store_kv_slot``)
+    V_scale,
     stride_vt,
     stride_slot,  # of both caches: one token's [num_kv_heads, head_dim] values
     Q_weight,
@@ -213,8 +223,8 @@ def _rotary_kernel(
     )  # fmt: skip
     if STORE_KV:
         store_kv_slot(
-            k1, k2, V, K_cache, V_cache, Slot_mapping, token, kv_head, stride_vt, stride_slot,
-            offs, HALF,
+            k1, k2, V, K_cache, V_cache, Slot_mapping, K_scale, V_scale, token, kv_head,
+            stride_vt, stride_slot, offs, HALF,
         )  # fmt: skip
 
 
@@ -239,10 +249,12 @@ def apply_rotary(
     cos_sin_cache: torch.Tensor,
     kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Rotate q and k in place by their tokens' positions; with ``kv_store`` = (v, k_cache,
-    v_cache, slot_mapping), also store k and v in the cache; with ``qk_norm`` = (q_weight,
-    k_weight, eps), weights [head_dim], RMS-norm each q and k head first (module doc)."""
+    v_cache, slot_mapping), also store k and v in the cache (an FP8 one by ``kv_scales``,
+    k's and v's [num_kv_heads] fp32); with ``qk_norm`` = (q_weight, k_weight, eps), weights
+    [head_dim], RMS-norm each q and k head first (module doc)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     rotary_dim = cos_sin_cache.shape[1]
@@ -257,6 +269,7 @@ def apply_rotary(
         v, k_cache, v_cache, slot_mapping = kv_store
         assert rotary_dim == head_dim, "the fused cache write rotates whole heads"
         stride_vt, stride_slot = kv_store_strides(k, v, k_cache, v_cache)
+    k_scale, v_scale = cache_scales(k_cache, kv_scales)
     if qk_norm is None:
         q_weight, k_weight, eps = q, k, 0.0
     else:
@@ -269,7 +282,7 @@ def apply_rotary(
     _rotary_kernel[(num_tokens, num_kv_heads)](
         q, k, positions, cos_sin_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        v, k_cache, v_cache, slot_mapping, stride_vt, stride_slot,
+        v, k_cache, v_cache, slot_mapping, k_scale, v_scale, stride_vt, stride_slot,
         q_weight, k_weight, eps, head_dim,
         GROUP=group, BLOCK_QH=triton.next_power_of_2(group),
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=kv_store is not None,

@@ -72,16 +72,27 @@ def _dot(w, x, acc):
     if _DOT_IN_FP32:
         w = w.to(tl.float32)
         x = x.to(tl.float32)
-    return tl.dot(w, x, acc, input_precision="ieee")
+    if w.dtype == tl.float8e4nv:  # e4m3 operands: Hopper's FP8 MMA, fp32 sums
+        return tl.dot(w, x, acc)
+    else:
+        return tl.dot(w, x, acc, input_precision="ieee")
 
 
 @triton.jit
-def _step(w, w_up, x_ptrs, k0, offs_k, mask_m, K, acc, acc_up, SILU_MUL: tl.constexpr):
-    """One BLOCK_K chunk: the weight tiles ``w`` (and ``w_up``) at ``k0`` times x's slice."""
+def _step(w, w_up, x_ptrs, k0, offs_k, mask_m, K, acc, acc_up, ws, sx_ptrs,
+          SILU_MUL: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """One BLOCK_K chunk: the weight tiles ``w`` (and ``w_up``) at ``k0`` times x's slice;
+    with block scales (FP8 == 2, BLOCK_K == 128) the chunk's product is scaled by the rows'
+    weight-block scales (``ws``: each row's block row) and each x row's group scale."""
     x = tl.load(x_ptrs + k0, mask=((k0 + offs_k) < K)[:, None] & mask_m[None, :], other=0.0)
-    acc = _dot(w, x, acc)
-    if SILU_MUL:
-        acc_up = _dot(w_up, x, acc_up)
+    if FP8 == 2:
+        kb = k0 // 128
+        s = tl.load(ws + kb) * tl.load(sx_ptrs + kb, mask=mask_m[None, :], other=0.0)
+        acc += _dot(w, x, tl.zeros(acc.shape, tl.float32)) * s
+    else:
+        acc = _dot(w, x, acc)
+        if SILU_MUL:
+            acc_up = _dot(w_up, x, acc_up)
     return acc, acc_up
 
 
@@ -102,6 +113,10 @@ def _skinny_gemm_kernel(
     W,
     Bias,
     Out,  # y; with PARTIAL, the fp32 workspace
+    W_scale,  # FP8's (``fp8_gemm.py``): the weight's scales and x's, unread without it
+    X_scale,
+    stride_ws,
+    stride_sxm,  # 0: one static scale for every row
     M,
     N,
     K,
@@ -118,11 +133,12 @@ def _skinny_gemm_kernel(
     PDL: tl.constexpr,
     EVEN: tl.constexpr,  # BLOCK_N divides N, BLOCK_K divides K, and no slice is empty
     PEEL: tl.constexpr,  # the first weight tile before the wait (``_peels``)
+    FP8: tl.constexpr = 0,  # 1: e4m3 x and weight, scales per row of each; 2: block scales
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # tiles of M (FP8's many rows)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     mask_m = offs_m < M
@@ -133,13 +149,16 @@ def _skinny_gemm_kernel(
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    ws = W_scale + (tl.where(mask_n, offs_n, 0) // 128)[:, None] * stride_ws  # FP8 == 2
+    sx_ptrs = X_scale + offs_m[None, :] * stride_sxm
     if PEEL:  # the slice's first weight tile before the wait (module doc); a program whose
         # slice is empty loads it masked, all zeros, and adds nothing
         mask_nk = mask_n[:, None] & ((k_start + offs_k) < K)[None, :]
         w = load_weight(w_ptrs + k_start, mask_nk, EVEN)
         w_up = load_weight(up_ptrs + k_start, mask_nk, EVEN) if SILU_MUL else w
         pdl.wait_prior(PDL)
-        acc, acc_up = _step(w, w_up, x_ptrs, k_start, offs_k, mask_m, K, acc, acc_up, SILU_MUL)
+        acc, acc_up = _step(w, w_up, x_ptrs, k_start, offs_k, mask_m, K, acc, acc_up, ws, sx_ptrs,
+                            SILU_MUL, FP8)  # fmt: skip
         k_start += BLOCK_K
     else:
         pdl.wait_prior(PDL)
@@ -147,7 +166,11 @@ def _skinny_gemm_kernel(
         mask_nk = mask_n[:, None] & ((k0 + offs_k) < K)[None, :]
         w = load_weight(w_ptrs + k0, mask_nk, EVEN)
         w_up = load_weight(up_ptrs + k0, mask_nk, EVEN) if SILU_MUL else w
-        acc, acc_up = _step(w, w_up, x_ptrs, k0, offs_k, mask_m, K, acc, acc_up, SILU_MUL)
+        acc, acc_up = _step(w, w_up, x_ptrs, k0, offs_k, mask_m, K, acc, acc_up, ws, sx_ptrs,
+                            SILU_MUL, FP8)  # fmt: skip
+    if FP8 == 1:  # per-row scales of both operands: linear, so before any split-K sum
+        sw = tl.load(W_scale + offs_n, mask=mask_n, other=0.0)[:, None]
+        acc *= sw * tl.load(sx_ptrs, mask=mask_m[None, :], other=0.0)
     mask = mask_n[:, None] & mask_m[None, :]
     out_ptrs = Out + offs_m[None, :] * stride_om + offs_n[:, None]  # y.T's tile
     if PARTIAL:
@@ -260,8 +283,9 @@ def skinny_gemm(
     bias_arg = bias if bias is not None else weight
     even = n % block_n == 0 and k % block_k == 0 and (split_k - 1) * k_per_split < k
     peel = _peels(x, block_m, block_n, block_k, num_stages, silu_mul)
-    _skinny_gemm_kernel[(triton.cdiv(n, block_n), split_k)](
-        x, weight, bias_arg, out, m, n, k, x.stride(0), out.stride(-2), k_per_split,
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n), split_k, 1)](
+        x, weight, bias_arg, out, weight, weight, 0, 0, m, n, k, x.stride(0), out.stride(-2),
+        k_per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIAL=split_k > 1, EVEN=even,
         PEEL=peel,
         **flags, num_warps=num_warps, num_stages=num_stages,

@@ -39,7 +39,9 @@ written, a shape the baseline won is removed; ``write`` formats the file, sorted
   ``skinny_gemm_silu_mul``;
 - ``kernels/bench_decode_chain.py``: the 64-row keys of ``skinny_gemm`` (and of
   ``skinny_gemm_silu_mul`` for gate_up), picked in a decoder layer's chain with PDL on; run it
-  after ``bench_skinny_gemm.py``, whose picks of a product alone it overrules.
+  after ``bench_skinny_gemm.py``, whose picks of a product alone it overrules;
+- ``kernels/bench_fp8_gemm.py``: ``fp8_gemv`` and ``fp8_gemm`` (Triton tiles against
+  ``torch._scaled_mm`` per shape and row bucket).
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ import torch
 DEVICE_NAME_ENV = "TOKENSPEED_KERNEL_DEVICE_NAME"
 CPU = "cpu"  # the name of the CPU (and the interpreter): no tables
 CONFIG_DIR = Path(__file__).parent / "configs"
-FLAGS = frozenset({"silu_mul", "two_pass"})  # the bool fields; every other is a positive int
+FLAGS = frozenset(
+    {"silu_mul", "two_pass", "block", "scaled_mm"}
+)  # the bool fields; every other is a positive int
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,10 @@ TABLES: dict[str, Fields] = {
     ),
     "skinny_gemm": Fields(("N", "K", "m_bucket"), _SKINNY),
     "skinny_gemm_silu_mul": Fields(("N", "K", "m_bucket"), _SKINNY),
+    # FP8 (e4m3) weights: the batch-1 product (also with the norm prologue and the RoPE/KV
+    # epilogue, BLOCK_HALF = BLOCK_N / 2), and every larger batch, Triton or torch._scaled_mm.
+    "fp8_gemv": Fields(("N", "K", "block", "silu_mul"), _GEMV),
+    "fp8_gemm": Fields(("N", "K", "block", "m_bucket"), ("scaled_mm", "BLOCK_M", *_SKINNY)),
 }
 
 Key = tuple[int | bool, ...]

@@ -18,6 +18,8 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 DISAGGREGATION_MODES = ("plain", "prefill", "decode")
+QUANTIZATIONS = ("fp8",)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 @dataclass
@@ -26,6 +28,8 @@ class EngineArgs:
     tokenizer: str | None = None  # defaults to the model dir
     served_model_name: str | list[str] | None = None  # the first is the name responses carry
     dtype: str = "auto"
+    quantization: str | None = None  # fp8: quantize a 16-bit checkpoint's linear layers at load
+    kv_cache_dtype: str = "auto"  # auto: the activations' dtype; fp8 (e4m3): half the bytes
     load_format: str = "auto"
     device: str = "auto"
     seed: int = 0  # dummy weights' seed
@@ -36,7 +40,7 @@ class EngineArgs:
     dist_init_addr: str | None = None  # HOST:PORT on node 0 every node reaches (nnodes > 1)
     page_size: int = 16
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
-    max_num_seqs: int = 256
+    max_num_seqs: int | None = None  # None: 256 on CPU, up to 1024 on a GPU (device.py)
     chunked_prefill_size: int = 8192  # per-round token budget
     enable_prefix_caching: bool = True
     in_flight_depth: int = 1  # 0: commit every forward before planning the next
@@ -45,7 +49,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"  # torch | triton | flashinfer
     enforce_eager: bool = False
-    max_cudagraph_capture_size: int = 256
+    max_cudagraph_capture_size: int | None = None  # None: every batch up to max_num_seqs
     cudagraph_capture_sizes: list[int] | None = None
     chat_template: str | None = None  # a file or an inline jinja template
     grammar_backend: str = "xgrammar"  # structured output: xgrammar | none
@@ -84,6 +88,16 @@ class EngineArgs:
 
         check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
         check(
+            self.quantization is None or self.quantization in QUANTIZATIONS,
+            "quantization",
+            f"must be one of {', '.join(QUANTIZATIONS)}",
+        )
+        check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {', '.join(KV_CACHE_DTYPES)}",
+        )
+        check(
             self.load_format in LOAD_FORMATS,
             "load_format",
             f"must be one of {', '.join(LOAD_FORMATS)}",
@@ -114,7 +128,7 @@ class EngineArgs:
             "page_size",
             "must be a power of two",
         )
-        check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
+        check(self.max_num_seqs is None or self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
         check(self.chunked_prefill_size >= 1, "chunked_prefill_size", "must be >= 1")
         check(self.in_flight_depth in (0, 1), "in_flight_depth", "must be 0 or 1")
         if self.max_model_len is not None:
@@ -127,7 +141,11 @@ class EngineArgs:
             "gpu_memory_utilization",
             "must be between 0.05 and 0.99",
         )
-        check(self.max_cudagraph_capture_size >= 1, "max_cudagraph_capture_size", "must be >= 1")
+        check(
+            self.max_cudagraph_capture_size is None or self.max_cudagraph_capture_size >= 1,
+            "max_cudagraph_capture_size",
+            "must be >= 1",
+        )
         check(
             self.grammar_backend in GRAMMAR_BACKENDS,
             "grammar_backend",
@@ -196,6 +214,10 @@ ENGINE_HELP = {
     "served_model_name": "the model name(s) clients use; responses carry the first "
     "(None: the model directory's name, or the hub id)",
     "dtype": "weights and activations dtype: auto (the checkpoint's), float32, bfloat16, float16",
+    "quantization": "fp8: quantize a 16-bit checkpoint's linear layers to FP8 (e4m3) at load, "
+    "one scale per output channel, activations per token (FP8 checkpoints need no flag)",
+    "kv_cache_dtype": "KV cache dtype: auto (the activations') or fp8 (e4m3, scales from the "
+    "checkpoint or 1.0; the pool holds twice the tokens)",
     "load_format": "auto/safetensors: read the checkpoint's weights; dummy: random weights",
     "device": "auto (cuda when available), cpu or cuda",
     "seed": "seed of dummy weights",
@@ -206,7 +228,8 @@ ENGINE_HELP = {
     "dist_init_addr": "HOST:PORT on node 0 that every node reaches (needed when nnodes > 1)",
     "page_size": "tokens per KV-cache block (a power of two)",
     "max_model_len": "context length (default: the model's max_position_embeddings)",
-    "max_num_seqs": "most requests running at once",
+    "max_num_seqs": "most requests running at once (default: 256 on CPU; on a GPU 1024, or "
+    "fewer where the sampler's per-row memory would pass 4%% of the device's)",
     "chunked_prefill_size": "token budget of one scheduling round (long prompts are chunked)",
     "enable_prefix_caching": "reuse the KV cache of shared prompt prefixes",
     "in_flight_depth": "forwards dispatched ahead of their commit (0: none, 1: overlap)",
@@ -216,7 +239,8 @@ ENGINE_HELP = {
     "attention_backend": "auto (triton on CUDA, torch on CPU), torch, triton, or flashinfer "
     "(needs the flashinfer-python package, 16-bit dtypes)",
     "enforce_eager": "GPU: no CUDA graphs",
-    "max_cudagraph_capture_size": "GPU: largest decode batch captured in a CUDA graph",
+    "max_cudagraph_capture_size": "GPU: largest decode batch captured in a CUDA graph "
+    "(default: max_num_seqs)",
     "cudagraph_capture_sizes": "GPU: exact decode batch sizes to capture",
     "chat_template": "a jinja chat template, or a file holding one (default: the tokenizer's)",
     "grammar_backend": "structured output (json_schema, regex, ebnf): xgrammar or none",

@@ -29,17 +29,21 @@ class PagedRunner:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         seed: int = 0,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
+        """``kv_cache_dtype`` (default ``dtype``): float8_e4m3fn takes the model's scales."""
         self.model, self.page_size, self.device = model, page_size, torch.device(device)
+        kv_dtype = kv_cache_dtype or dtype
         self.k_caches, self.v_caches = allocate_kv_cache(
             config.num_hidden_layers,
             num_blocks,
             page_size,
             local_num_kv_heads(config.num_key_value_heads, tp_size()),
             config.head_dim,
-            dtype,
+            kv_dtype,
             self.device,
         )
+        self.kv_scales = model.kv_scales() if kv_dtype == torch.float8_e4m3fn else None
         self.free_blocks = list(range(1, num_blocks))  # block 0 is the null block
         random.Random(seed).shuffle(self.free_blocks)
         self.blocks: dict[int, list[int]] = {}
@@ -95,5 +99,5 @@ class PagedRunner:
             # Leading one-token rows are decodes, as the engine's runner puts them first.
             num_decodes=next((i for i, q in enumerate(query_lens) if q != 1), len(rows)),
         )
-        ctx = ForwardContext(attn, self.backend, self.k_caches, self.v_caches)
+        ctx = ForwardContext(attn, self.backend, self.k_caches, self.v_caches, self.kv_scales)
         return tensor(input_ids, torch.int64), tensor(positions, torch.int64), ctx

@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument(
         "--num-requests",
-        type=int,
-        help="fixed-1k: per level (default max(4c, 256 if c>=64)); chat-mix, latency: total",
+        help="fixed-1k: per level, one count or one per level, e.g. 3,128,512 (default "
+        "max(4c, 256 if c>=64)); chat-mix, latency: total",
     )
     w.add_argument("--rates", help='chat-mix: arrival rates in req/s, e.g. "1,4,16,inf"')
     w.add_argument("--batch", type=int, help="latency: requests in flight at once")
@@ -92,6 +92,9 @@ def workload_kwargs(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             value = parse_list(value, float)
         elif name == "concurrency":
             value = parse_list(value)
+        elif name == "num_requests":
+            value = parse_list(value)
+            value = value if ns.workload == "fixed-1k" and len(value) > 1 else value[0]
         kwargs[name] = value
     return kwargs
 
@@ -173,7 +176,12 @@ def main(argv: list[str]) -> int:
             "engine_args": None if ns.server else vars(args),
         },
         machine=report.machine_info(),
-        model_bytes=ModelBytes.of(config, dtype),
+        model_bytes=ModelBytes.of(
+            config,
+            dtype,
+            fp8_weights=config.quantization is not None or args.quantization is not None,
+            fp8_kv=args.kv_cache_dtype != "auto",
+        ),
         tp=args.tp,
     )
     if not ns.no_roofline:

@@ -22,6 +22,12 @@ from tokenspeed_aio.model.config import ModelConfig
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
+def projection_params(config: ModelConfig) -> int:
+    """Weights of one decoder layer's linear projections (what FP8 quantizes)."""
+    h, q, kv = config.hidden_size, config.q_size, config.kv_size
+    return h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
+
+
 def layer_params(config: ModelConfig) -> int:
     """Parameters of one decoder layer: projections, biases, norms."""
     h, q, kv = config.hidden_size, config.q_size, config.kv_size
@@ -52,8 +58,12 @@ class ModelBytes:
     kv_bytes_per_token: int  # K and V of one token, all layers
 
     @classmethod
-    def of(cls, config: ModelConfig, dtype: str) -> ModelBytes:
-        """Byte counts of ``config`` with weights and KV cache in ``dtype``."""
+    def of(
+        cls, config: ModelConfig, dtype: str, fp8_weights: bool = False, fp8_kv: bool = False
+    ) -> ModelBytes:
+        """Byte counts of ``config`` with weights and KV cache in ``dtype``; ``fp8_weights``:
+        the decoder layers' projections in one byte each (their scales are ignored: under a
+        thousandth of them), ``fp8_kv``: the KV cache too."""
         width = DTYPE_BYTES[dtype]
         h, layers = config.hidden_size, config.num_hidden_layers
         per_layer = layer_params(config)
@@ -62,11 +72,12 @@ class ModelBytes:
         params = embedding + layers * per_layer + h + head  # + the final norm
         # A tied table is read whole as the LM head; an untied one only row by row.
         step_params = params - (0 if config.tie_word_embeddings else embedding)
+        saved = layers * projection_params(config) * (width - 1) if fp8_weights else 0
         return cls(
-            total_weight_bytes=params * width,
-            step_weight_bytes=step_params * width,
+            total_weight_bytes=params * width - saved,
+            step_weight_bytes=step_params * width - saved,
             embedding_row_bytes=h * width,
-            kv_bytes_per_token=2 * layers * config.kv_size * width,
+            kv_bytes_per_token=2 * layers * config.kv_size * (1 if fp8_kv else width),
         )
 
     def step_bytes(self, context_lens: list[int]) -> int:

@@ -106,6 +106,48 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 
+
+def _fp8(base: str, quantization_config: dict[str, Any]) -> dict[str, Any]:
+    return {**SHAPES[base], "quantization_config": quantization_config}
+
+
+def _ct_fp8(weights: str, activations: dict[str, Any]) -> dict[str, Any]:
+    """compressed-tensors' FP8 ``quantization_config`` (llm-compressor's)."""
+    scheme = {"num_bits": 8, "type": "float", "symmetric": True}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {**scheme, "dynamic": False, "strategy": weights},
+                "input_activations": {**scheme, **activations},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+# The 8B shapes with FP8 weights, one per checkpoint format: dummy weights are quantized by
+# the format's scheme at load (model/loader.py).
+SHAPES |= {
+    # RedHatAI/*-FP8-dynamic: per-channel weights, dynamic per-token activations.
+    "llama-8b-fp8": _fp8("llama-8b", _ct_fp8("channel", {"dynamic": True, "strategy": "token"})),
+    # RedHatAI/*-FP8 (static): per-tensor weights and activation scales.
+    "llama-8b-fp8-static": _fp8(
+        "llama-8b", _ct_fp8("tensor", {"dynamic": False, "strategy": "tensor"})
+    ),
+    # vLLM's / AutoFP8's fp8 format: per-tensor weight scales, static activations.
+    "llama-8b-fp8-pertensor": _fp8(
+        "llama-8b", {"quant_method": "fp8", "activation_scheme": "static"}
+    ),
+    # Qwen3-8B-FP8: 128x128 block scales (weight_scale_inv), dynamic per-group activations.
+    "qwen3-8b-fp8-block": _fp8(
+        "qwen3-8b",
+        {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+    ),
+}
+
 # Shapes small enough to write real random weights for (a few MB at most).
 WEIGHTED_SHAPES = frozenset({"tiny", "overhead"})
 

@@ -105,21 +105,29 @@ def fixed(
     input_len: int = 1024,
     output_len: int = 1024,
     concurrency: Sequence[int] = (1, 4, 16, 64, 256),
-    num_requests: int | None = None,
+    num_requests: int | Sequence[int] | None = None,
     seed: int = 0,
 ) -> Workload:
-    """Closed loop: ``c`` requests in flight, each replaced as soon as it finishes."""
+    """Closed loop: ``c`` requests in flight, each replaced as soon as it finishes;
+    ``num_requests`` per level (one count for all, or one per concurrency level)."""
     sample = tokens.sampler(seed)
+    counts = (
+        num_requests if isinstance(num_requests, Sequence) else [num_requests] * len(concurrency)
+    )
+    if len(counts) != len(concurrency):
+        raise ValueError(
+            f"num_requests: {len(counts)} counts for {len(concurrency)} concurrency levels"
+        )
     runs = []
-    for c in concurrency:
-        n = num_requests or fixed_requests(c)
+    for c, count in zip(concurrency, counts):
+        n = count or fixed_requests(c)
         conversations = [Conversation([Turn(sample(input_len), output_len)]) for _ in range(n)]
         runs.append(Run(f"c={c}", conversations, c, {"concurrency": c, "num_requests": n}))
     settings = dict(
         input_len=input_len,
         output_len=output_len,
         concurrency=list(concurrency),
-        num_requests=num_requests,
+        num_requests=list(counts) if isinstance(num_requests, Sequence) else num_requests,
         seed=seed,
     )
     return Workload(name, runs, settings)

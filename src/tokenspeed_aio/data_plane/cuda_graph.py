@@ -40,10 +40,10 @@ logger = logging.getLogger(__name__)
 
 
 def default_capture_sizes(max_size: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8 up to 256 (16 beyond), capped at ``max_size``."""
+    """1, 2, 4, 8, then steps of 8 up to 256 (32 beyond), capped at ``max_size``."""
     sizes = [1, 2, 4, 8]
     sizes += list(range(16, 257, 8))
-    sizes += list(range(272, max(max_size, 256) + 1, 16))
+    sizes += list(range(288, max(max_size, 256) + 1, 32))
     return sorted({s for s in sizes if s <= max_size} | {max_size})
 
 
@@ -92,6 +92,7 @@ class DecodeGraphs:
         backend,
         k_caches: tuple[torch.Tensor, ...],
         v_caches: tuple[torch.Tensor, ...],
+        kv_scales: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None,
         last_sampled: torch.Tensor,
         *,
         sizes: list[int],
@@ -108,7 +109,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self._model = model
         self._backend = backend
-        self._caches = (k_caches, v_caches)
+        self._caches = (k_caches, v_caches, kv_scales)
         self._last_sampled = last_sampled  # [max_num_seqs + 1]: the last is the dummies'
         self._max_model_len = max_model_len
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}

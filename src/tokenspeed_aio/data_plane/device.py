@@ -18,7 +18,11 @@ from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
 from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
 from tokenspeed_aio.data_plane.landing import LaunchedForward, no_forward
-from tokenspeed_aio.data_plane.memory_profile import activation_peak_bytes
+from tokenspeed_aio.data_plane.memory_profile import (
+    PENALTY_BYTES_PER_LOGIT,
+    SAMPLER_BYTES_PER_LOGIT,
+    activation_peak_bytes,
+)
 from tokenspeed_aio.data_plane.memory_saver import MemorySaver
 from tokenspeed_aio.data_plane.profiler import ForwardProfiler
 from tokenspeed_aio.data_plane.runner import ModelRunner
@@ -28,10 +32,15 @@ from tokenspeed_aio.guards.compile_monitor import compile_monitor
 from tokenspeed_aio.guards.host_sync import allow_host_sync, arm_sync_debug
 from tokenspeed_aio.model.attention.registry import create_backend
 from tokenspeed_aio.model.config import ModelConfig
-from tokenspeed_aio.model.kv_cache import kv_cache_bytes_per_block, local_num_kv_heads
+from tokenspeed_aio.model.kv_cache import (
+    kv_cache_bytes_per_block,
+    local_num_kv_heads,
+    resolve_kv_cache_dtype,
+)
 from tokenspeed_aio.model.loader import load_model, resolve_dtype
 from tokenspeed_aio.model.ops.determinism import set_batch_invariant
 from tokenspeed_aio.model.parallel import init_tensor_parallel
+from tokenspeed_aio.model.quantization.config import resolve_quantization
 from tokenspeed_aio.model.sampling.sampler import warm_up_sampling_kernel
 from tokenspeed_aio.pd.factory import build_transfer_peer
 from tokenspeed_aio.pd.peer import PeerControl, PeerLoop
@@ -175,24 +184,46 @@ def _init_tensor_parallel(rank: RankInfo, device: torch.device) -> None:
 
 
 GRAPH_POOL_RESERVE = 512 * 2**20  # captured decode graphs' memory pool, measured small
+GRAPH_BYTES_PER_LOGIT = 8  # and per captured row and vocabulary entry: its logits, argmax
+CPU_MAX_NUM_SEQS = 256
+GPU_MAX_NUM_SEQS = 1024
+SAMPLER_SHARE = 0.04  # of device memory, for the sampler's per-row buffers at most
+
+
+def max_num_seqs_for(args: EngineArgs, device: torch.device, vocab_size: int) -> int:
+    """--max-num-seqs, else 256 on CPU and, on a GPU, 1024 or as many as keep the sampler's
+    per-row memory (its largest batch's temporaries, the penalty state) under 4% of the
+    device, a multiple of 8."""
+    if args.max_num_seqs is not None:
+        return args.max_num_seqs
+    if device.type != "cuda":
+        return CPU_MAX_NUM_SEQS
+    total = torch.cuda.get_device_properties(device).total_memory
+    per_row = vocab_size * (SAMPLER_BYTES_PER_LOGIT + PENALTY_BYTES_PER_LOGIT)
+    fits = int(SAMPLER_SHARE * total // per_row) // 8 * 8
+    return max(8, min(GPU_MAX_NUM_SEQS, fits))
 
 
 def _num_blocks(
-    args: EngineArgs, device: torch.device, per_block: int, max_model_len: int, peak: int
+    args: EngineArgs,
+    device: torch.device,
+    per_block: int,
+    max_model_len: int,
+    peak: int,
+    max_num_seqs: int,
+    graph_bytes: int,
 ) -> int:
     """KV pool size: fixed by --num-kv-blocks, else what the memory budget holds after
-    the weights and the profiled activation peak, but never more than every slot at
-    full context needs."""
+    the weights, the profiled activation peak and the decode graphs' pool, but never more
+    than every slot at full context needs."""
     if args.num_kv_blocks is not None:
         return args.num_kv_blocks
-    useful = args.max_num_seqs * -(-max_model_len // args.page_size) + 1
+    useful = max_num_seqs * -(-max_model_len // args.page_size) + 1
     if device.type == "cuda":
         with allow_host_sync():
             torch.cuda.synchronize(device)
             free, total = torch.cuda.mem_get_info(device)
-        reserve = (1 - args.gpu_memory_utilization) * total + peak
-        if not args.enforce_eager:
-            reserve += GRAPH_POOL_RESERVE
+        reserve = (1 - args.gpu_memory_utilization) * total + peak + graph_bytes
         budget = free - reserve
     else:
         budget = args.kv_cache_memory_gb * 2**30
@@ -232,18 +263,26 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
             f"max_model_len: {max_model_len} exceeds the model's sliding window "
             f"({config.sliding_window}); sliding-window attention is not supported"
         )
+    quantization = resolve_quantization(args.quantization, config.quantization)
+    kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
+    backend_name = _backend_name(args.attention_backend, device)
+    if kv_dtype == torch.float8_e4m3fn and backend_name == "flashinfer":
+        raise ValueError("kv_cache_dtype: fp8 is not supported by the flashinfer backend")
     _init_tensor_parallel(rank, device)
     model = load_model(
-        config, args.model, dtype=dtype, device=device, load_format=args.load_format, seed=args.seed
-    )
+        config, args.model, dtype=dtype, device=device, load_format=args.load_format,
+        seed=args.seed, quantization=quantization,
+    )  # fmt: skip
     memory = MemorySaver(device, vmm=args.enable_memory_saver)
     memory.adopt_weights(model)
+    max_num_seqs = max_num_seqs_for(args, device, config.vocab_size)
     kv_heads = local_num_kv_heads(config.num_key_value_heads, rank.tp_size)
+    # An FP8 cache's scales: the attention layers' (the checkpoint's, else 1).
+    kv_scales = model.kv_scales() if kv_dtype == torch.float8_e4m3fn else None
     page = args.page_size
     per_block = kv_cache_bytes_per_block(
-        config.num_hidden_layers, page, kv_heads, config.head_dim, dtype
+        config.num_hidden_layers, page, kv_heads, config.head_dim, kv_dtype
     )
-    backend_name = _backend_name(args.attention_backend, device)
     backend = create_backend(
         backend_name,
         max_model_len=max_model_len,
@@ -262,21 +301,36 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
             num_layers=config.num_hidden_layers,
             num_kv_heads=kv_heads,
             head_dim=config.head_dim,
-            dtype=dtype,
+            dtype=kv_dtype,
+            kv_scales=kv_scales,
             device=device,
             page_size=page,
             num_tokens=min(args.chunked_prefill_size, max_model_len),
-            num_sampling_rows=args.max_num_seqs,
+            num_sampling_rows=max_num_seqs,
             vocab_size=config.vocab_size,
         )
-    num_blocks = _num_blocks(args, device, per_block, max_model_len, peak)
+    graphs = device.type == "cuda" and not args.enforce_eager and backend.supports_cuda_graphs
+    capture_sizes = []
+    if graphs:
+        largest = min(args.max_cudagraph_capture_size or max_num_seqs, max_num_seqs)
+        capture_sizes = sorted(
+            s for s in args.cudagraph_capture_sizes or default_capture_sizes(largest)
+            if s <= max_num_seqs
+        )  # fmt: skip
+    graph_bytes = 0
+    if capture_sizes:
+        graph_bytes = GRAPH_POOL_RESERVE
+        graph_bytes += capture_sizes[-1] * config.vocab_size * GRAPH_BYTES_PER_LOGIT
+    num_blocks = _num_blocks(
+        args, device, per_block, max_model_len, peak, max_num_seqs, graph_bytes
+    )
     if rank.tp_size > 1:  # every rank of the replica must plan with the same pool
         agreed = torch.tensor([num_blocks], dtype=torch.int64, device=device)
         with allow_host_sync():
             torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
             num_blocks = int(agreed.item())
     k_caches, v_caches = memory.allocate_kv_cache(
-        config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, dtype
+        config.num_hidden_layers, num_blocks, page, kv_heads, config.head_dim, kv_dtype
     )
     transfer = build_transfer_peer(args, rank.tp_rank, rank.tp_size, k_caches, v_caches)
     runner = ModelRunner(
@@ -284,38 +338,38 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         vocab_size=config.vocab_size,
         k_caches=k_caches,
         v_caches=v_caches,
+        kv_scales=kv_scales,
         backend=backend,
         page_size=page,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         eos_token_ids=config.eos_token_ids,
         device=device,
     )
     memory.bind_runner(runner)
-    if device.type == "cuda" and not args.enforce_eager and backend.supports_cuda_graphs:
-        sizes = args.cudagraph_capture_sizes or default_capture_sizes(
-            min(args.max_cudagraph_capture_size, args.max_num_seqs)
-        )
-        runner.capture_graphs(sorted(s for s in sizes if s <= args.max_num_seqs))
+    if capture_sizes:
+        runner.capture_graphs(capture_sizes)
     if device.type == "cuda":
         runner.idle_forward()  # the eager decode path's warm-up
-        runner.warm_up_mixed(args.max_num_seqs)
+        runner.warm_up_mixed(max_num_seqs)
         warm_up_sampling_kernel(config.vocab_size, dtype, device)
         if args.grammar_backend == "xgrammar":
             warm_up_bitmask_kernel(config.vocab_size, device)
     logger.info(
-        "KV cache: %d blocks x %d tokens = %d concurrent tokens (%.2f GiB); activation peak "
-        "%.2f GiB",
+        "KV cache: %d blocks x %d tokens = %d concurrent tokens (%.2f GiB, %s); activation "
+        "peak %.2f GiB; weights %s",
         num_blocks - 1,
         page,
         (num_blocks - 1) * page,
         num_blocks * per_block / 2**30,
+        str(kv_dtype).removeprefix("torch."),
         peak / 2**30,
+        quantization.scheme if quantization else str(dtype).removeprefix("torch."),
     )
     specs = DeviceSpecs(
         num_blocks=num_blocks,
         page_size=page,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         vocab_size=config.vocab_size,
         eos_token_ids=config.eos_token_ids,

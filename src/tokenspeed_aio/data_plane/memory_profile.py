@@ -17,6 +17,8 @@ from tokenspeed_aio.model.kv_cache import allocate_kv_cache
 # Sampler temporaries per row and vocabulary entry: fp32 logits, logprobs, probs,
 # the sorted values and their int64 indices, the noise.
 SAMPLER_BYTES_PER_LOGIT = 28
+# The penalty state (output counts int32, prompt mask bool), allocated at the first penalty.
+PENALTY_BYTES_PER_LOGIT = 5
 
 
 @torch.inference_mode()
@@ -27,8 +29,9 @@ def activation_peak_bytes(
     num_layers: int,
     num_kv_heads: int,
     head_dim: int,
-    dtype: torch.dtype,
+    dtype: torch.dtype,  # the KV cache's
     device: torch.device,
+    kv_scales=None,  # an FP8 cache's (ForwardContext.kv_scales)
     page_size: int,
     num_tokens: int,
     num_sampling_rows: int,
@@ -61,7 +64,9 @@ def activation_peak_bytes(
         if backend.plans_on_host:
             table = np.arange(1, blocks + 1, dtype=np.int32)[None, :]
             backend.plan(np.array([num_tokens]), np.array([num_tokens]), table)
-        hidden = model(positions % vocab_size, positions, ForwardContext(meta, backend, k, v))
+        hidden = model(
+            positions % vocab_size, positions, ForwardContext(meta, backend, k, v, kv_scales)
+        )
         rows = min(num_sampling_rows, num_tokens)
         model.compute_logits(hidden[:rows])
         torch.cuda.synchronize(device)

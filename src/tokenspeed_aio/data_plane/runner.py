@@ -60,6 +60,7 @@ class ModelRunner:
         v_caches: tuple[torch.Tensor, ...],
         backend,
         page_size: int,
+        kv_scales: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None,
         max_num_seqs: int,
         max_model_len: int,
         eos_token_ids: Sequence[int],
@@ -69,6 +70,7 @@ class ModelRunner:
         self.backend = backend
         self.k_caches = k_caches
         self.v_caches = v_caches
+        self.kv_scales = kv_scales  # an FP8 cache's per-layer (k, v) scales
         self.page_size = page_size
         self.device = device
         self.max_model_len = max_model_len
@@ -92,6 +94,7 @@ class ModelRunner:
             self.backend,
             self.k_caches,
             self.v_caches,
+            self.kv_scales,
             self.last_sampled,
             sizes=sizes,
             max_blocks_per_seq=self.max_blocks_per_seq,
@@ -159,7 +162,7 @@ class ModelRunner:
         n = host.num_decodes
         if n:  # future tokens: decode inputs are the slots' last sampled tokens
             ids[:n] = self.last_sampled[ids[:n]]
-        ctx = ForwardContext(meta, self.backend, self.k_caches, self.v_caches)
+        ctx = self._context(meta)
         hidden = self.model(ids, pos, ctx)
         return self.model.compute_logits(hidden[lidx])
 
@@ -186,7 +189,10 @@ class ModelRunner:
         if self.backend.plans_on_host:
             lens = np.asarray(meta.query_lens_host, np.int32)
             self.backend.plan(lens, lens, np.zeros((meta.num_rows, 1), np.int32))
-        self.model(ids, positions, ForwardContext(meta, self.backend, self.k_caches, self.v_caches))
+        self.model(ids, positions, self._context(meta))
+
+    def _context(self, meta: AttentionMetadata) -> ForwardContext:
+        return ForwardContext(meta, self.backend, self.k_caches, self.v_caches, self.kv_scales)
 
     def _null_inputs(
         self, num_decodes: int, chunk: int

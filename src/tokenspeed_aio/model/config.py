@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenspeed_aio.model.quantization.config import QuantConfig, parse_quantization
 from tokenspeed_aio.model.registry import supported_architectures
 
 # RoPE variants the rotary layer implements; anything else must fail at startup, not
@@ -39,6 +40,7 @@ class ModelConfig:
     sliding_window: int | None  # None: full attention; the engine must cap lengths at it
     torch_dtype: str | None  # the checkpoint's dtype, e.g. "bfloat16"; None if unstated
     eos_token_ids: tuple[int, ...]  # union of config.json and generation_config.json
+    quantization: QuantConfig | None = None  # the checkpoint's FP8 scheme (quantization_config)
 
     @property
     def q_size(self) -> int:
@@ -111,6 +113,7 @@ class ModelConfig:
             sliding_window=_sliding_window(raw, arch),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_ids=_eos_ids(raw.get("eos_token_id"), (generation or {}).get("eos_token_id")),
+            quantization=parse_quantization(raw.get("quantization_config"), where),
         )
 
 

@@ -8,6 +8,10 @@ Paged KV layout (one pair per layer, owned by the KV pool)::
 
     k_cache[layer], v_cache[layer]: [num_blocks, page_size, num_kv_heads, head_dim]
 
+An FP8 (``float8_e4m3fn``) cache holds each value divided by its layer's and head's scale,
+``kv_scales[layer] = (k_scale, v_scale)``, each [num_kv_heads] fp32 (a per-tensor scale
+repeated); 16-bit caches have none.
+
 Block 0 is the reserved null block: padding rows and dummy slots point at it and
 nothing real is ever stored there. A token at absolute position ``p`` of a row
 lives in block ``block_tables[row, p // page_size]`` at offset ``p % page_size``;
@@ -60,3 +64,8 @@ class ForwardContext:
     backend: Any  # an AttentionBackend instance (model/attention/base.py)
     k_caches: tuple[torch.Tensor, ...]  # one per layer
     v_caches: tuple[torch.Tensor, ...]
+    # FP8 caches: per layer, (k_scale, v_scale) [num_kv_heads] fp32; None for 16-bit caches.
+    kv_scales: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+
+    def layer_kv_scales(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.kv_scales is None else self.kv_scales[layer_idx]

@@ -6,6 +6,17 @@ import torch
 
 from tokenspeed_aio.model.parallel import divide
 
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
+
+
+def resolve_kv_cache_dtype(name: str, activation_dtype: torch.dtype) -> torch.dtype:
+    """``--kv-cache-dtype``: ``auto`` is the activations' dtype, ``fp8`` e4m3."""
+    if name in FP8_KV_DTYPES:
+        return torch.float8_e4m3fn
+    if name != "auto":
+        raise ValueError(f"kv_cache_dtype {name!r} is not supported (auto, fp8)")
+    return activation_dtype
+
 
 def local_num_kv_heads(total_kv_heads: int, tp_size: int) -> int:
     """KV heads this rank stores: a split when there are enough, else one replicated head."""

@@ -1,7 +1,9 @@
 """Build a model on its device and fill its weights: from safetensors, or random ("dummy").
 
 Tensors stream one at a time from the checkpoint (CPU) into this rank's shard on the
-device, so peak host memory is one tensor, not the checkpoint.
+device, so peak host memory is one tensor, not the checkpoint. With a quantization config the
+linear layers it covers hold FP8 weights (model/quantization/): read as stored, quantized as
+loaded (``--quantization fp8``), or, as dummies, random weights quantized by its scheme.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from tqdm import tqdm
 from tokenspeed_aio.model.config import ModelConfig
 from tokenspeed_aio.model.layers.norm import RMSNorm
 from tokenspeed_aio.model.parallel import tp_rank
+from tokenspeed_aio.model.quantization.apply import quantize_linear_layers
+from tokenspeed_aio.model.quantization.config import QuantConfig
 from tokenspeed_aio.model.registry import get_model_class
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -54,16 +58,22 @@ def load_model(
     device: torch.device,
     load_format: str = "auto",
     seed: int = 0,
+    quantization: QuantConfig | None = None,
 ) -> nn.Module:
-    """This rank's shard of the model, on ``device``, in eval mode with no gradients.
+    """This rank's shard of the model, on ``device``, in eval mode with no gradients;
+    ``quantization`` (default: the checkpoint's, ``config.quantization``) makes its linear
+    layers FP8.
 
     Tensor-parallel state (``init_tensor_parallel``) must be set before the call.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
     model_cls = get_model_class(config.architecture)
+    quantization = quantization or config.quantization
     with torch.device(device), _default_dtype(dtype):
         model = model_cls(config)
+        if quantization is not None:
+            quantize_linear_layers(model, quantization)
     with torch.no_grad():
         if load_format == "dummy":
             _fill_dummy(model, seed)
@@ -136,13 +146,18 @@ def _fill_dummy(model: nn.Module, seed: int) -> None:
     """Random weights, deterministic for a seed on a given device type; norms start at 1."""
     generator = None
     for module in model.modules():
+        fp8 = getattr(module, "fp8", None)
         for param in module.parameters(recurse=False):
             if generator is None:
                 generator = torch.Generator(device=param.device).manual_seed(seed)
             if isinstance(module, RMSNorm):
                 param.fill_(1.0)
+            elif fp8 is not None and param is not module.bias:
+                continue  # the FP8 weights, below
             else:
                 param.normal_(0.0, DUMMY_STD, generator=generator)
+        if fp8 is not None:
+            fp8.fill_dummy(module, generator, DUMMY_STD)
 
 
 @contextlib.contextmanager

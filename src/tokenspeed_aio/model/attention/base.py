@@ -39,6 +39,7 @@ class KVWrite(NamedTuple):
     v_cache: torch.Tensor
     slot_mapping: torch.Tensor
     rope: Rope
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None  # an FP8 cache's
 
 
 class AttentionBackend(ABC):

@@ -71,17 +71,18 @@ def store_layer_kv(
             q_norm, k_norm = qk_norm
             q3.copy_(q_norm(q3))
             k3.copy_(k_norm(k3))
+    scales = ctx.layer_kv_scales(layer_idx)
     if rope is None:
-        kv_write(k3, v3, k_cache, v_cache, slot_mapping)
+        kv_write(k3, v3, k_cache, v_cache, slot_mapping, scales)
         return q3, k_cache, v_cache
     rotary_emb, positions = rope
     cos_sin = rotary_emb.cos_sin_cache
     if whole_heads:  # one launch
         kv_store = (v3, k_cache, v_cache, slot_mapping)
-        apply_rotary(q3, k3, positions, cos_sin, kv_store, fused_norm)
+        apply_rotary(q3, k3, positions, cos_sin, kv_store, fused_norm, scales)
     else:
         apply_rotary(q3, k3, positions, cos_sin)
-        kv_write(k3, v3, k_cache, v_cache, slot_mapping)
+        kv_write(k3, v3, k_cache, v_cache, slot_mapping, scales)
     return q3, k_cache, v_cache
 
 
@@ -95,7 +96,11 @@ class StoredKVBackend(AttentionBackend):
         if rope is None or qk_norm is not None:
             return None
         return KVWrite(
-            ctx.k_caches[layer_idx], ctx.v_caches[layer_idx], ctx.attn.slot_mapping, rope
+            ctx.k_caches[layer_idx],
+            ctx.v_caches[layer_idx],
+            ctx.attn.slot_mapping,
+            rope,
+            ctx.layer_kv_scales(layer_idx),
         )
 
     def forward(

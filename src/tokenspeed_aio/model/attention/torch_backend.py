@@ -4,6 +4,8 @@ Per layer it gathers every row's keys/values from the paged cache into a padded
 [B, max_seq_len, Hkv, D] tensor and runs one masked ``scaled_dot_product_attention``
 over padded queries [B, max_query_len, Hq, D], in float32. Memory grows with
 B * max_seq_len, so it suits tests and small batches; production uses a kernel backend.
+An FP8 cache stores ``fp8.quantize(k, k_scale)`` per head and is read back as
+``float(q) * scale`` (``tokenspeed_kernels.fp8``, the kernels' numerics).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from tokenspeed_kernels import fp8
 
 from tokenspeed_aio.model.attention.base import AttentionBackend
 from tokenspeed_aio.model.attention.invariant import invariant_attention
@@ -28,8 +31,10 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Write k/v [num_tokens, Hkv, D] to their slots; tokens with slot -1 write nothing.
+    """Write k/v [num_tokens, Hkv, D] to their slots; tokens with slot -1 write nothing; an
+    FP8 cache takes the values divided by ``kv_scales``' per-head scales.
 
     NOTE: skipping -1 without a host sync: such tokens are pointed at slot 0 (the null
     block, never a real token's slot) and write back the value already there.
@@ -37,6 +42,11 @@ def store_kv(
     k_flat, v_flat = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
     slots = slot_mapping.clamp(min=0)
     valid = (slot_mapping >= 0)[:, None, None]
+    if k_cache.dtype == fp8.FP8:  # where() has no e4m3 kernel: select the bytes
+        k_scale, v_scale = kv_scales
+        k = fp8.quantize(k, k_scale[None, :, None]).view(torch.uint8)
+        v = fp8.quantize(v, v_scale[None, :, None]).view(torch.uint8)
+        k_flat, v_flat = k_flat.view(torch.uint8), v_flat.view(torch.uint8)
     k_flat[slots] = torch.where(valid, k.to(k_flat.dtype), k_flat[slots])
     v_flat[slots] = torch.where(valid, v.to(v_flat.dtype), v_flat[slots])
 
@@ -71,6 +81,7 @@ class TorchAttentionBackend(AttentionBackend):
             k_cache,
             v_cache,
             attn.slot_mapping,
+            ctx.layer_kv_scales(layer_idx),
         )
         device = q.device
 
@@ -80,6 +91,9 @@ class TorchAttentionBackend(AttentionBackend):
         slots = blocks * page_size + key_pos % page_size  # [B, S]
         keys = k_cache.flatten(0, 1)[slots].float()  # [B, S, Hkv, D]
         values = v_cache.flatten(0, 1)[slots].float()
+        if k_cache.dtype == fp8.FP8:
+            k_scale, v_scale = ctx.layer_kv_scales(layer_idx)
+            keys, values = keys * k_scale[:, None], values * v_scale[:, None]
 
         # Queries padded to [B, max_query_len]; pad rows read some real token, are masked
         # like any query and never copied back.

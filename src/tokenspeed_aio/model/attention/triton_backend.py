@@ -155,6 +155,7 @@ class TritonAttentionBackend(StoredKVBackend):
                 out=out[:decodes],
                 new_token=new_token,
                 counters=self.merge_counters(q.device),
+                kv_scales=ctx.layer_kv_scales(layer_idx),
             )
         if attn.is_decode_only:
             real_tokens = decodes
@@ -170,6 +171,7 @@ class TritonAttentionBackend(StoredKVBackend):
                 scale,
                 out=out,
                 row_start=decodes,
+                kv_scales=ctx.layer_kv_scales(layer_idx),
             )
             real_tokens = sum(attn.query_lens_host)
         if real_tokens < num_tokens:

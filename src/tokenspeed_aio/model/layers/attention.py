@@ -5,17 +5,22 @@ by the backend (model/attention/) with the cache write, which a kernel backend f
 launch. Where the backend allows it (``kv_write``) the qkv product itself rotates q/k and
 writes k/v as its epilogue, and the layer then only attends. The backend is chosen at startup
 and passed in ``ctx`` so a layer never looks it up globally.
+
+The layer holds its FP8 KV cache's scales, ``k_scale`` and ``v_scale`` ([num_kv_heads] fp32
+of this rank's heads, 1 unless the checkpoint stores them, per tensor or per head); the
+runner hands them to the backends in ``ctx.kv_scales`` when the cache is FP8.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    import torch
+from tokenspeed_aio.model.layers.weights import check_shape
 
+if TYPE_CHECKING:
     from tokenspeed_aio.model.attention.base import KVWrite, QKNorm, Rope
     from tokenspeed_aio.model.forward_context import ForwardContext
 
@@ -30,9 +35,25 @@ class QKV(NamedTuple):
 
 
 class Attention(nn.Module):
-    def __init__(self, layer_idx: int) -> None:
+    def __init__(self, layer_idx: int, num_kv_heads: int = 1, kv_head_start: int = 0) -> None:
         super().__init__()
         self.layer_idx = layer_idx  # selects this layer's KV cache pair in ctx
+        self.kv_head_start = kv_head_start  # this rank's first KV head (tensor parallelism)
+        self.register_buffer("k_scale", torch.ones(num_kv_heads, dtype=torch.float32))
+        self.register_buffer("v_scale", torch.ones(num_kv_heads, dtype=torch.float32))
+
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        """A checkpoint's k or v cache scale: one per tensor, or one per KV head."""
+        if loaded.numel() == 1:
+            param.fill_(float(loaded.reshape(())))
+            return
+        n = param.shape[0]
+        flat = loaded.reshape(-1)
+        if flat.shape[0] < self.kv_head_start + n:
+            check_shape(loaded, (self.kv_head_start + n,))
+        param.copy_(flat.narrow(0, self.kv_head_start, n).float())
 
     def kv_write(
         self, ctx: ForwardContext, rope: Rope | None, qk_norm: QKNorm | None

@@ -6,6 +6,10 @@ partial sums. A column-parallel layer feeding a row-parallel one therefore costs
 all-reduce per pair. Every ``weight_loader`` takes the FULL checkpoint tensor and
 copies this rank's shard into the (already sharded) parameter. Which kernel runs a
 product is model/ops/products.py's choice.
+
+``use_fp8`` turns a layer's weight into e4m3 with its scales (model/quantization/, after the
+model is built, for the layers its config quantizes); the weight loaders then fill those
+(``Fp8Params``) and the products take the ``Fp8Weight`` (``operand``).
 """
 
 from __future__ import annotations
@@ -23,10 +27,30 @@ from tokenspeed_aio.model.ops.products import linear, norm_linear, norm_linear_r
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
 
 if TYPE_CHECKING:
+    from tokenspeed_kernels.fp8 import Fp8Weight
+
     from tokenspeed_aio.model.attention.base import KVWrite
+    from tokenspeed_aio.model.quantization.config import QuantConfig
+    from tokenspeed_aio.model.quantization.fp8_weights import Fp8Params
 
 
-class _ColumnShardedLinear(nn.Module):
+class _Quantizable(nn.Module):
+    """What every linear layer shares: an optional FP8 weight (module doc)."""
+
+    fp8: Fp8Params | None = None
+
+    def use_fp8(self, quant: QuantConfig) -> None:
+        from tokenspeed_aio.model.quantization.fp8_weights import Fp8Params
+
+        self.fp8 = Fp8Params(self, quant)
+
+    @property
+    def operand(self) -> torch.Tensor | Fp8Weight:
+        """What a product takes: the weight, or its FP8 form."""
+        return self.weight if self.fp8 is None else self.fp8.weight
+
+
+class _ColumnShardedLinear(_Quantizable):
     """Holds this rank's rows of W (and b); subclasses decide which rows those are.
 
     ``act_silu_mul`` (two sub-projections, gate and up): return the SwiGLU activation of the
@@ -44,19 +68,22 @@ class _ColumnShardedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(local_output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.act_silu_mul)
+        return linear(x, self.operand, self.bias, self.act_silu_mul)
 
     def after_norm(
         self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(self(norm(h)), h)`` with ``h = x + residual`` (``x`` when residual is None), the
         norm fused into the product where it can be (``norm_linear``)."""
-        return norm_linear(norm, x, residual, self.weight, self.bias, self.act_silu_mul)
+        return norm_linear(norm, x, residual, self.operand, self.bias, self.act_silu_mul)
 
     def _copy_rows(
         self, param: torch.Tensor, loaded: torch.Tensor, full_rows: int, src: int, dst: int, n: int
     ) -> None:
         """Copy ``loaded[src:src+n]`` into ``param[dst:dst+n]`` (rows = output features)."""
+        if self.fp8 is not None and param is not self.bias:
+            self.fp8.load_rows(self, param, loaded, full_rows, src, dst, n)
+            return
         check_shape(loaded, (full_rows, *param.shape[1:]))
         param.data.narrow(0, dst, n).copy_(loaded.narrow(0, src, n))
 
@@ -132,7 +159,7 @@ class QKVParallelLinear(_ColumnShardedLinear):
         k/v store run as the product's epilogue where a kernel has the shape (the QKV then
         holds the rotated q alone)."""
         if kv_write is not None:
-            fused = norm_linear_rope_kv(norm, x, residual, self.weight, self.bias, kv_write)
+            fused = norm_linear_rope_kv(norm, x, residual, self.operand, self.bias, kv_write)
             if fused is not None:
                 q, h = fused
                 return QKV(q, None, None), h
@@ -157,7 +184,7 @@ class QKVParallelLinear(_ColumnShardedLinear):
         self._copy_rows(param, loaded, full, src, dst, n)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Quantizable):
     """W split by input features; partial products are summed across ranks.
 
     The bias is replicated and added once, after the all-reduce.
@@ -172,7 +199,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(linear(x, self.weight))
+        y = tp_all_reduce(linear(x, self.operand))
         return y if self.bias is None else y + self.bias
 
     def weight_loader(
@@ -182,6 +209,9 @@ class RowParallelLinear(nn.Module):
             check_shape(loaded, param.shape)
             param.data.copy_(loaded)
             return
-        n = param.shape[1]
+        n = self.weight.shape[1]
+        if self.fp8 is not None:
+            self.fp8.load_cols(self, param, loaded, self.input_size, self.tp_rank * n)
+            return
         check_shape(loaded, (param.shape[0], self.input_size))
         param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))

@@ -20,6 +20,7 @@ from tokenspeed_aio.model.layers.mlp import GatedMLP
 from tokenspeed_aio.model.layers.norm import RMSNorm
 from tokenspeed_aio.model.layers.rotary import RotaryEmbedding
 from tokenspeed_aio.model.layers.weights import default_weight_loader
+from tokenspeed_aio.model.quantization.names import canonical_name
 
 
 class LlamaAttention(nn.Module):
@@ -38,7 +39,7 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.rotary_emb = rotary_emb
-        self.attn = Attention(layer_idx)
+        self.attn = Attention(layer_idx, self.qkv_proj.num_kv_heads, self.qkv_proj.kv_head_start)
 
     def forward(
         self,
@@ -134,6 +135,13 @@ class LlamaForCausalLM(nn.Module):
         """[num_tokens] token ids and positions -> [num_tokens, hidden] after the final norm."""
         return self.model(input_ids, positions, ctx)
 
+    def kv_scales(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Every layer's FP8 KV-cache scales (k, v), [num_kv_heads] fp32 each."""
+        return tuple(
+            (layer.self_attn.attn.k_scale, layer.self_attn.attn.v_scale)
+            for layer in self.model.layers
+        )
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> [n, vocab] in the model's dtype over the full vocab (gathered
         across ranks)."""
@@ -145,10 +153,11 @@ class LlamaForCausalLM(nn.Module):
         Returns the checkpoint names consumed; a subset is fine (weight updates send only
         what changed). Compare with ``expected_weight_names()`` to find missing ones.
         """
-        params = dict(self.named_parameters())
+        params = dict(self.named_parameters()) | dict(self.named_buffers())
         loaded: set[str] = set()
-        for name, tensor in weights:
-            if name.endswith("rotary_emb.inv_freq") or self._is_tied_head(name):
+        for checkpoint_name, tensor in weights:
+            name = canonical_name(checkpoint_name)
+            if name is None or name.endswith("rotary_emb.inv_freq") or self._is_tied_head(name):
                 continue
             param_name, shard_id = self._param_name(name)
             if param_name not in params:
@@ -158,14 +167,16 @@ class LlamaForCausalLM(nn.Module):
             try:
                 loader(params[param_name], tensor, shard_id)
             except ValueError as e:
-                raise ValueError(f"checkpoint tensor {name!r} {e}") from None
+                raise ValueError(f"checkpoint tensor {checkpoint_name!r} {e}") from None
             loaded.add(name)
         return loaded
 
     def expected_weight_names(self) -> set[str]:
         """Checkpoint names a complete load must provide (packed params unfolded)."""
         names = set()
-        for param_name, _ in self.named_parameters():
+        for param_name, param in self.named_parameters():
+            if not getattr(param, "in_checkpoint", True):  # computed at load (online FP8)
+                continue
             unfolded = [
                 param_name.replace(f".{ours}.", f".{theirs}.")
                 for theirs, (ours, _) in self.packed_modules_mapping.items()

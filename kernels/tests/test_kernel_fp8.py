@@ -1,0 +1,136 @@
+"""FP8 (e4m3) kernels against ``fp8.py``'s torch definitions: activation quantization (alone and
+fused into the norm and SwiGLU kernels), the batch-1 product with its norm prologue and SwiGLU
+epilogue, and the products of more rows (Triton; ``torch._scaled_mm`` on a GPU)."""
+
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, gpu_test
+from tokenspeed_kernels import fp8
+from tokenspeed_kernels.activation import silu_and_mul, silu_and_mul_quant
+from tokenspeed_kernels.fp8 import Fp8Weight
+from tokenspeed_kernels.fp8_gemm import fp8_gemm
+from tokenspeed_kernels.fp8_quant import quantize_rows
+from tokenspeed_kernels.gemv import gemv, norm_gemv
+from tokenspeed_kernels.rmsnorm import fused_add_rms_norm, rms_norm_quant
+
+GROUP = fp8.BLOCK
+
+
+def _rand(*shape, scale=1.0, seed=0, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(DEVICE, dtype)
+
+
+def _weight(n, k, kind, static=False, seed=1):
+    wq, s = fp8.quantize_weight(_rand(n, k, scale=k**-0.5, seed=seed, dtype=torch.float32), kind)
+    if kind == "tensor":  # held as one scale per row (``fp8.py``)
+        kind, s = "channel", s.expand(n).contiguous()
+    input_scale = torch.tensor([0.02], device=DEVICE) if static else None
+    return Fp8Weight(wq.to(DEVICE), s.to(DEVICE), input_scale)
+
+
+def _bitwise(a, b):
+    assert torch.equal(a[0].float(), b[0].float()) and torch.equal(a[1], b[1])
+
+
+def test_e4m3_rounding_matches_torch_in_every_range():
+    # Ties, carries into the exponent, subnormals and saturation: the interpreter's own
+    # conversion gets the first three wrong (``fp8.py``'s NOTE).
+    x = torch.cat([
+        torch.linspace(-500, 500, 4001), torch.linspace(-0.03, 0.03, 1001),
+        torch.tensor([2**-9 * 1.5, 2**-9 * 2.5, 15.5, 17.0, 0.0]),
+    ]).to(DEVICE).view(1, -1)  # fmt: skip
+    got = quantize_rows(x, static_scale=torch.ones(1, device=DEVICE))[0]
+    assert torch.equal(got.float(), x.clamp(-448, 448).to(fp8.FP8).float())
+
+
+@pytest.mark.parametrize("mode", ["token", "group", "static"])
+def test_quantize_rows_matches_the_definition(mode):
+    x = _rand(5, 300, scale=3.0)
+    x[1] = 0  # an all-zero row: the floor scale, zeros
+    group = GROUP if mode == "group" else None
+    static = torch.tensor([0.01], device=DEVICE) if mode == "static" else None
+    _bitwise(quantize_rows(x, group, static), fp8.quantize_rows(x, group, static))
+
+
+@pytest.mark.parametrize("mode", ["token", "group"])
+def test_norm_and_swiglu_quantize_their_own_outputs(mode):
+    group = GROUP if mode == "group" else None
+    x, r, w = _rand(3, 256, seed=2), _rand(3, 256, seed=3), _rand(256, seed=4)
+    q, s, h = rms_norm_quant(x, r, w, 1e-6, group)
+    normed, h_ref = fused_add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(h, h_ref)
+    _bitwise((q, s), fp8.quantize_rows(normed, group))
+    gate_up = _rand(3, 2 * 384, seed=5)
+    _bitwise(silu_and_mul_quant(gate_up, group), fp8.quantize_rows(silu_and_mul(gate_up), group))
+
+
+@pytest.mark.parametrize(
+    "kind,static", [("channel", False), ("tensor", True), ("block", False)], ids=str
+)
+def test_fp8_gemv_matches_the_dequantized_product(kind, static):
+    w = _weight(200, 384, kind, static)
+    x, bias = _rand(1, 384, seed=6), _rand(200, seed=7)
+    want = fp8.linear(x, w.q, w.scale, bias, w.input_scale)
+    for config in [(8, 128, 4, 1), (16, 256, 4, 2)]:
+        assert_close(gemv(x, w, bias, config), want)
+
+
+@pytest.mark.parametrize("kind", ["channel", "block"])
+def test_fp8_gemv_norm_prologue_and_swiglu_epilogue(kind):
+    w = _weight(2 * 256, 384, kind, seed=8)
+    x, r, g = _rand(1, 384, seed=9), _rand(1, 384, seed=10), _rand(384, seed=11)
+    config = (8, 128, 4, 1, True)  # an FP8 product's prologue is the two-pass one
+    y, h = norm_gemv(x, r, g, 1e-6, w, None, config, silu_mul=True)
+    normed, h_ref = fused_add_rms_norm(x, r, g, 1e-6)
+    assert torch.equal(h, h_ref)
+    want = fp8.linear(normed, w.q, w.scale)
+    assert torch.equal(y, silu_and_mul(norm_gemv(x, r, g, 1e-6, w, None, config)[0]))
+    assert_close(y, silu_and_mul(want))
+
+
+@pytest.mark.parametrize(
+    "kind,m,config",
+    [
+        ("channel", 5, (False, 16, 32, 64, 1, 4, 2)),
+        ("channel", 70, (False, 32, 64, 128, 3, 4, 2)),  # three M tiles, split-K
+        ("block", 9, (False, 16, 64, 128, 2, 4, 2)),
+        ("block", 40, (False, 32, 32, 128, 1, 4, 2)),
+    ],
+    ids=str,
+)
+def test_fp8_gemm_matches_the_dequantized_product(kind, m, config):
+    w = _weight(96, 384, kind, seed=12)
+    x, bias = _rand(m, 384, seed=13), _rand(96, seed=14)
+    xq, sx = fp8.quantize_rows(x, GROUP if w.block else None)
+    y = fp8_gemm(xq.to(DEVICE), sx.to(DEVICE), w, bias, torch.bfloat16, config)
+    assert_close(y, fp8.linear(x, w.q, w.scale, bias))
+
+
+def test_fp8_gemm_with_a_static_scale():
+    w = _weight(64, 256, "tensor", static=True, seed=15)
+    x = _rand(7, 256, scale=2.0, seed=16)
+    xq, sx = fp8.quantize_rows(x, None, w.input_scale)
+    y = fp8_gemm(xq, sx, w, None, torch.bfloat16, (False, 16, 32, 64, 1, 4, 2))
+    assert_close(y, fp8.linear(x, w.q, w.scale, None, w.input_scale))
+
+
+@gpu_test
+@pytest.mark.parametrize("m", [2, 64, 256])
+def test_scaled_mm_and_triton_agree_on_a_llama_projection_gpu(m):
+    w = _weight(6144, 4096, "channel", seed=17)
+    x = _rand(m, 4096, seed=18)
+    xq, sx = quantize_rows(x)
+    want = fp8.linear(x, w.q, w.scale)
+    assert_close(fp8_gemm(xq, sx, w, None, torch.bfloat16, (True, 0, 0, 0, 0, 0, 0)), want)
+    assert_close(fp8_gemm(xq, sx, w, None, torch.bfloat16), want)
+
+
+@gpu_test
+@pytest.mark.parametrize("kind", ["channel", "block"])
+def test_fp8_gemv_llama_projections_gpu(kind):
+    for n, k in [(6144, 4096), (4096, 14336)]:
+        w = _weight(n, k, kind, seed=19)
+        x = _rand(1, k, seed=20)
+        config = (8, 512, 4, 3) if kind == "channel" else (8, 256, 4, 3)
+        assert_close(gemv(x, w, None, config), fp8.linear(x, w.q, w.scale))

@@ -1,0 +1,120 @@
+"""FP8 (e4m3) products of two or more rows: ``y = dq(xq) @ dq(wq).T (+ bias)`` on quantized
+activations (``fp8.py``'s numerics; ``fp8_quant.py`` or a fused producer quantizes x).
+
+Layout contract::
+
+    xq:     [M, K] float8_e4m3fn, K contiguous; sx: its scales ([M], [M, ceil(K/128)] with
+            block weights, or a static [1])
+    weight: ``fp8.Fp8Weight`` ([N, K] e4m3, per-row or 128 x 128 block scales)
+    bias:   [N] or None
+    y:      [M, N] of ``out_dtype``, a new tensor
+
+Two implementations, picked per (N, K, block, row bucket) by the device's ``fp8_gemm``
+table (``tuning.py``, written by ``kernels/bench_fp8_gemm.py``):
+
+- Triton: ``skinny_gemm``'s kernel with e4m3 operands (Hopper's FP8 MMA, fp32 sums): the
+  weight is the MMA's M side, x's rows pad to BLOCK_M, and rows beyond one tile make a
+  third grid axis. Per-row scales multiply the sums once (before any split-K sum); block
+  scales need BLOCK_K = 128 and scale each chunk's product by its weight block's and x's
+  group's scales.
+- ``torch._scaled_mm`` (cuBLASLt/CUTLASS) with row-wise scales: per-row weight scales only.
+
+A shape missing from the table takes ``default_config``: the Triton kernel up to 64 rows,
+``torch._scaled_mm`` above where it applies (every GPU without a table gets that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import triton
+
+from tokenspeed_kernels import fp8, pdl, precise_math, tuning
+from tokenspeed_kernels.skinny_gemm import (
+    SUM_BLOCK,
+    _peels,
+    _skinny_gemm_kernel,
+    _split_k_sum_kernel,
+)
+
+MAX_BUCKET = 8192  # row buckets: 16, 32, 64, 128, ..., 8192 (more rows share the last)
+
+
+def m_bucket(m: int) -> int:
+    """The row bucket of a ``fp8_gemm`` key: the next power of two from 16, at most 8192."""
+    return min(max(16, triton.next_power_of_2(m)), MAX_BUCKET)
+
+
+def configs(
+    device: torch.device | None = None,
+) -> Mapping[tuple[int, int, bool, int], tuple[int | bool, ...]]:
+    """``device``'s (N, K, block, m_bucket) -> (scaled_mm, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+    num_warps, num_stages). Empty where not measured."""
+    return tuning.table("fp8_gemm", device)
+
+
+def default_config(m: int, block: bool) -> tuple[int | bool, ...]:
+    if m <= 64:
+        return (False, max(16, triton.next_power_of_2(m)), 64, 128, 1, 4, 3)
+    return (not block, 64, 128, 128, 1, 4, 3)
+
+
+def config_for(m: int, weight: fp8.Fp8Weight, device) -> tuple[int | bool, ...]:
+    key = (*weight.shape, weight.block, m_bucket(m))
+    return configs(device).get(key) or default_config(m, weight.block)
+
+
+def fp8_gemm(
+    xq: torch.Tensor,
+    sx: torch.Tensor,
+    weight: fp8.Fp8Weight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    config: tuple[int | bool, ...] | None = None,
+) -> torch.Tensor:
+    """The product of the module doc; ``config`` overrides the table's."""
+    m, k = xq.shape
+    n = weight.shape[0]
+    assert xq.dtype == fp8.FP8 and xq.stride(1) == 1 and weight.shape[1] == k
+    scaled_mm, *tiles = config or config_for(m, weight, xq.device)
+    if scaled_mm:
+        assert not weight.block, "torch._scaled_mm takes per-row weight scales"
+        scale_a = sx.reshape(-1, 1).float().expand(m, 1).contiguous()
+        return torch._scaled_mm(
+            xq, weight.q.t(), scale_a=scale_a, scale_b=weight.scale.view(1, n), bias=bias,
+            out_dtype=out_dtype,
+        )  # fmt: skip
+    return _triton(xq, sx, weight, bias, out_dtype, tiles)
+
+
+def _triton(xq, sx, weight: fp8.Fp8Weight, bias, out_dtype, tiles) -> torch.Tensor:
+    m, k = xq.shape
+    n = weight.shape[0]
+    block_m, block_n, block_k, split_k, num_warps, num_stages = tiles
+    assert not weight.block or block_k == fp8.BLOCK, "block scales take BLOCK_K = 128"
+    k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    out = y
+    if split_k > 1:
+        out = torch.empty((split_k, m, n), dtype=torch.float32, device=xq.device)
+    flags = dict(HAS_BIAS=bias is not None, SILU_MUL=False, PRECISE=precise_math.PRECISE_MATH,
+                 **pdl.launch_args())  # fmt: skip
+    bias_arg = bias if bias is not None else weight.q
+    stride_sx = 0 if sx.dim() == 1 and sx.shape[0] == 1 else sx.stride(0)  # static: every row
+    even = n % block_n == 0 and k % block_k == 0 and (split_k - 1) * k_per_split < k
+    peel = _peels(xq, block_m, block_n, block_k, num_stages, False)
+    stride_ws = weight.scale.stride(0) if weight.block else 0
+    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
+    _skinny_gemm_kernel[grid](
+        xq, weight.q, bias_arg, out, weight.scale, sx, stride_ws, stride_sx, m, n, k,
+        xq.stride(0), out.stride(-2), k_per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIAL=split_k > 1, EVEN=even,
+        PEEL=peel, FP8=2 if weight.block else 1,
+        **flags, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if split_k > 1:
+        _split_k_sum_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
+            out, bias_arg, y, m, n, split_k, y.stride(0), BLOCK=SUM_BLOCK, **flags
+        )
+    return y

@@ -1,0 +1,82 @@
+"""The FP8 numerics of fp8.py as Triton helpers, for the kernels (fp8.py's docstring gives
+the definitions and the interpreter's conversion NOTE)."""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _round_e4m3(x):
+    """fp32 ``x`` (|x| <= 448) rounded to the nearest e4m3 value (ties to even), in fp32.
+    Normals keep 3 mantissa bits; below 2**-6 the grid is 2**-9, so the subnormal range is
+    shifted up by 2**-6, where the normals' grid is 2**-9 too, rounded, and shifted back."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = bits & -2147483648
+    a = tl.abs(x)
+    shift = tl.where(a < 0.015625, 0.015625, 0.0)
+    b = (a + shift).to(tl.int32, bitcast=True)
+    b = (b + 0x7FFFF + ((b >> 20) & 1)) & -1048576
+    r = b.to(tl.float32, bitcast=True) - shift
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def to_e4m3(x):
+    """``clamp(x, -448, 448)`` of fp32 ``x`` as float8e4nv, rounded to nearest even."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    if _INTERPRET:
+        x = _round_e4m3(x)
+    return x.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def scale_of_amax(amax):
+    """``scale(amax)`` of the module doc (fp32)."""
+    return tl.maximum(tl.math.div_rn(amax, 448.0), 1.0 / (448.0 * 512.0))
+
+
+@triton.jit
+def quantize_values(x, scale):
+    """``q(x, scale)`` as float8e4nv; ``scale`` broadcasts against x."""
+    return to_e4m3(tl.math.div_rn(x.to(tl.float32), scale))
+
+
+@triton.jit
+def fake_quantize(x, scale):
+    """``dq(q(x, scale), 1)``: the e4m3 value of x / scale, in fp32 (a product's operand
+    whose scale is applied after the sum)."""
+    return quantize_values(x, scale).to(tl.float32)
+
+
+@triton.jit
+def block_dot(w, x, k0, ws, num_kb, acc):
+    """``acc`` plus one K chunk of a block-scaled product on CUDA cores: x ([BK] fp32, BK a
+    multiple of 128) quantized per 128-group with each group's own scale, times the weight
+    tile ``w`` ([BN, BK] e4m3), each group's partial sums scaled by x's group scale and the
+    rows' weight-block scale (``ws``: [BN] pointers to each row's block row; ``num_kb``
+    blocks along K)."""
+    BN: tl.constexpr = w.shape[0]
+    G: tl.constexpr = w.shape[1] // 128
+    xg = tl.reshape(x, (G, 128))
+    sxg = scale_of_amax(tl.max(tl.abs(xg), 1))
+    xq = fake_quantize(xg, sxg[:, None])
+    part = tl.sum(tl.reshape(w.to(tl.float32), (BN, G, 128)) * xq[None, :, :], 2)
+    kb = k0 // 128 + tl.arange(0, G)
+    s = tl.load(ws[:, None] + kb[None, :], mask=(kb < num_kb)[None, :], other=0.0)
+    return acc + tl.sum(part * s * sxg[None, :], 1)
+
+
+@triton.jit
+def to_cache(x, cache, scale):
+    """``x`` as the element type of the KV cache ``cache`` points into: e4m3 of x / scale (the
+    head's scale) for an FP8 cache, else a plain cast."""
+    if cache.dtype.element_ty == tl.float8e4nv:
+        return quantize_values(x, scale)
+    else:
+        return x.to(cache.dtype.element_ty)

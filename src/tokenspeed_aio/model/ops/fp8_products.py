@@ -1,0 +1,114 @@
+"""Which kernel runs an FP8 product (e4m3 weights, ``tokenspeed_kernels.fp8``'s numerics):
+``products.py``'s three entry points for a layer whose operand is an ``Fp8Weight``.
+
+On CUDA a one-row product is ``gemv`` on the e4m3 weight, x quantized in its prologue (after
+the norm where one precedes it, then RoPE and the KV write as the qkv product's epilogue, as
+for 16-bit weights); its tiles come from the device's ``fp8_gemv`` table (else
+``gemv.DEFAULT``). More rows are quantized by the kernel before the product -- the norm's
+(``rms_norm_quant``) where one precedes it, else ``fp8_quant.quantize_rows`` -- and
+multiplied by ``fp8_gemm`` (Triton or ``torch._scaled_mm``, per its table). A SwiGLU after
+a product of more rows is its own launch. On the CPU every product is ``fp8.linear``, the
+torch definition the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from tokenspeed_kernels import fp8
+from tokenspeed_kernels.fp8 import Fp8Weight
+
+from tokenspeed_aio.model.layers.activation import silu_and_mul
+
+if TYPE_CHECKING:
+    from tokenspeed_aio.model.attention.base import KVWrite
+    from tokenspeed_aio.model.layers.norm import RMSNorm
+
+
+def _gemv_tiles(w: Fp8Weight, silu_mul: bool, device) -> tuple[int, int, int, int]:
+    from tokenspeed_kernels import gemv, tuning
+
+    config = tuning.table("fp8_gemv", device).get((*w.shape, w.block, silu_mul))
+    if config is not None:
+        return config
+    block_n, block_k, num_warps, num_stages = gemv.DEFAULT
+    return (block_n, max(block_k, fp8.BLOCK), num_warps, num_stages)
+
+
+def _group(w: Fp8Weight) -> int | None:
+    return fp8.BLOCK if w.block else None
+
+
+def _product(xq, sx, w: Fp8Weight, bias, dtype, act_silu_mul: bool) -> torch.Tensor:
+    from tokenspeed_kernels.fp8_gemm import fp8_gemm
+
+    y = fp8_gemm(xq, sx, w, bias, dtype)
+    return silu_and_mul(y) if act_silu_mul else y
+
+
+def linear(
+    x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, act_silu_mul: bool
+) -> torch.Tensor:
+    if not x.is_cuda:
+        y = fp8.linear(x, w.q, w.scale, bias, w.input_scale)
+        return silu_and_mul(y) if act_silu_mul else y
+    if x.shape[0] == 1:
+        from tokenspeed_kernels.gemv import gemv
+
+        fused = act_silu_mul and bias is None
+        y = gemv(x, w, bias, _gemv_tiles(w, fused, x.device), silu_mul=fused)
+        return silu_and_mul(y) if act_silu_mul and not fused else y
+    from tokenspeed_kernels.fp8_quant import quantize_rows
+
+    xq, sx = quantize_rows(x, _group(w), w.input_scale)
+    return _product(xq, sx, w, bias, x.dtype, act_silu_mul)
+
+
+def norm_linear(
+    norm: RMSNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    w: Fp8Weight,
+    bias: torch.Tensor | None,
+    act_silu_mul: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not x.is_cuda:
+        normed, h = (norm(x), x) if residual is None else norm(x, residual)
+        return linear(normed, w, bias, act_silu_mul), h
+    if x.shape[0] == 1 and (bias is None or not act_silu_mul):
+        from tokenspeed_kernels.gemv import norm_gemv
+
+        tiles = (*_gemv_tiles(w, act_silu_mul, x.device), True)  # the two-pass prologue
+        return norm_gemv(x, residual, norm.weight, norm.eps, w, bias, tiles, act_silu_mul)
+    from tokenspeed_kernels.rmsnorm import rms_norm_quant
+
+    xq, sx, h = rms_norm_quant(x, residual, norm.weight, norm.eps, _group(w), w.input_scale)
+    return _product(xq, sx, w, bias, x.dtype, act_silu_mul), h
+
+
+def norm_linear_rope_kv(
+    norm: RMSNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    w: Fp8Weight,
+    bias: torch.Tensor | None,
+    kv: KVWrite,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``products.norm_linear_rope_kv`` on an FP8 weight: the one-row qkv product with RoPE
+    and the KV write as its epilogue, tiles of ``fp8_gemv``'s (N, K) entry (two rows per
+    BLOCK_HALF); None where it does not apply."""
+    if not (x.is_cuda and x.shape[0] == 1):
+        return None
+    from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv
+
+    rotary_emb, positions = kv.rope
+    cos_sin = rotary_emb.cos_sin_cache
+    if cos_sin.shape[1] != kv.k_cache.shape[-1]:
+        return None
+    block_n, block_k, num_warps, num_stages = _gemv_tiles(w, False, x.device)
+    config = (max(block_n // 2, 1), block_k, num_warps, num_stages, True)
+    return norm_gemv_rope_kv(
+        x, residual, norm.weight, norm.eps, w, bias, positions, cos_sin,
+        kv.k_cache, kv.v_cache, kv.slot_mapping, config, kv.kv_scales,
+    )  # fmt: skip
