@@ -205,6 +205,7 @@ def test_device_handle_exposes_only_named_operations():
         "idle_forward",
         "init_weights_group",
         "load_staged_weights",
+        "poll_cache_results",
         "release_memory",
         "resume_memory",
         "shutdown",

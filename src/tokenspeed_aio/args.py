@@ -17,6 +17,7 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
+KVSTORE_WRITE_POLICIES = ("write_through", "write_back")
 DISAGGREGATION_MODES = ("plain", "prefill", "decode")
 QUANTIZATIONS = ("fp8",)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -54,6 +55,9 @@ class EngineArgs:
     chat_template: str | None = None  # a file or an inline jinja template
     grammar_backend: str = "xgrammar"  # structured output: xgrammar | none
     grammar_compile_timeout_secs: float = 30.0
+    kvstore_ratio: float = 0.0  # L2 host KV pool, x the device pool's blocks (0: off)
+    kvstore_size_gb: float | None = None  # ... or its size in GiB, per rank
+    kvstore_write_policy: str = "write_through"  # write_through | write_back
     # RL control operations and operators' tools
     enable_memory_saver: bool = False  # CUDA: weights and KV cache in CUDA virtual memory
     weight_version: str = "default"  # the weights' version until an update names another
@@ -152,6 +156,19 @@ class EngineArgs:
             f"must be one of {', '.join(GRAMMAR_BACKENDS)}",
         )
         check(self.grammar_compile_timeout_secs > 0, "grammar_compile_timeout_secs", "must be > 0")
+        check(self.kvstore_ratio >= 0, "kvstore_ratio", "must be >= 0")
+        if self.kvstore_size_gb is not None:
+            check(self.kvstore_size_gb >= 0, "kvstore_size_gb", "must be >= 0")
+            check(
+                not self.kvstore_ratio,
+                "kvstore_size_gb",
+                "give --kvstore-ratio or --kvstore-size-gb, not both",
+            )
+        check(
+            self.kvstore_write_policy in KVSTORE_WRITE_POLICIES,
+            "kvstore_write_policy",
+            f"must be one of {', '.join(KVSTORE_WRITE_POLICIES)}",
+        )
         if self.kv_events_endpoint is not None:
             check(
                 self.kv_events_endpoint.startswith(("tcp://", "ipc://", "inproc://")),
@@ -245,6 +262,11 @@ ENGINE_HELP = {
     "chat_template": "a jinja chat template, or a file holding one (default: the tokenizer's)",
     "grammar_backend": "structured output (json_schema, regex, ebnf): xgrammar or none",
     "grammar_compile_timeout_secs": "a grammar not compiled within this fails its request",
+    "kvstore_ratio": "L2 host KV cache tier (pinned host memory on GPU), sized as this many "
+    "times the device KV pool; 0 (the default) turns it off",
+    "kvstore_size_gb": "L2 host KV cache tier size in GiB per rank (instead of --kvstore-ratio)",
+    "kvstore_write_policy": "write_through: every full cached block goes to L2 as it is cached; "
+    "write_back: a device block goes to L2 only when it is evicted",
     "enable_memory_saver": "GPU: keep the weights and KV cache in CUDA virtual memory, so "
     "/release_memory_occupation gives their memory back and CUDA graphs survive it",
     "weight_version": "the weights' version reported until a weight update sets another",

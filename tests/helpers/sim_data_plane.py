@@ -18,6 +18,7 @@ from collections.abc import Callable
 import msgspec
 
 from helpers.sim_device import SimDevice
+from tokenspeed_aio.control.cache_ops import CacheResults
 from tokenspeed_aio.control.data_plane import PendingExecution
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
 
@@ -59,6 +60,7 @@ class SimDataPlane:
         self.fail_plan = fail_plan  # plan id whose forward raises SimForwardError
         self.plans: list[ExecutionPlan] = []  # every dispatched plan, in order
         self.num_idle_forwards = 0
+        self.num_landed = 0  # cache ops acknowledged
         self.closed = False
         self._queued: deque[tuple[ExecutionPlan, tuple, PendingExecution]] = deque()
 
@@ -93,6 +95,13 @@ class SimDataPlane:
     def num_queued(self) -> int:
         """Dispatched forwards that have not run yet."""
         return len(self._queued)
+
+    def poll_cache_results(self) -> CacheResults:
+        """The completion query: the cache ops the device (with host pages) landed."""
+        poll = getattr(self.device, "poll", None)
+        acks = poll() if poll is not None else []
+        self.num_landed += len(acks)
+        return CacheResults(acks, self.num_landed)
 
     async def idle_forward(self) -> None:
         self.num_idle_forwards += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from helpers.sim_data_plane import SimDataPlane
 from helpers.sim_device import SimDevice, reference
+from helpers.sim_host import SimHostDevice
 from tokenspeed_aio.control.event_loop import EventLoop
 from tokenspeed_aio.control.grammar import GrammarBackend, GrammarQueue
 from tokenspeed_aio.control.ingress import Ingress
@@ -24,7 +25,7 @@ from tokenspeed_aio.control.relay import Relay, ReplicaGroup
 from tokenspeed_aio.control.transport import LocalTransport
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
-from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig
+from tokenspeed_aio.scheduler.scheduler import HostTierConfig, Scheduler, SchedulerConfig
 from tokenspeed_aio.wire.messages import (
     AbortRequest,
     GenerateRequest,
@@ -94,11 +95,25 @@ class SimEngine:
         is_owner: bool = True,
         on_execute: Callable[[ExecutionPlan], None] | None = None,
         fail_plan: int | None = None,
+        host: HostTierConfig | None = None,
+        ack_delay: int = 0,
         **config: int | bool,
     ) -> None:
-        self.config = SchedulerConfig(**{**DEFAULT_CONFIG, **config})
+        """``host``: the L2 host tier, on a sim device with host pages whose asynchronous
+        cache ops land ``ack_delay`` rounds late at most (helpers/sim_host.py)."""
+        self.config = SchedulerConfig(**{**DEFAULT_CONFIG, **config}, host=host)
         cfg = self.config
-        self.device = SimDevice(cfg.num_blocks, cfg.page_size, cfg.max_num_seqs)
+        geometry = (cfg.num_blocks, cfg.page_size, cfg.max_num_seqs)
+        if host is None:
+            self.device = SimDevice(*geometry)
+        else:
+            self.device = SimHostDevice(
+                *geometry,
+                host.num_blocks,
+                host.num_snapshot_pages,
+                host.num_snapshot_states,
+                ack_delay=ack_delay,
+            )
         self.data_plane = SimDataPlane(self.device, on_execute=on_execute, fail_plan=fail_plan)
         self.transport = LocalTransport() if is_owner else None
         self.loop = EventLoop(

@@ -17,6 +17,11 @@ and over a whole run:
   pool, and a request is aborted by the plan (503) only when it cannot fit alone;
 * at the end, after the loop's own drain, ``EventLoop.check_idle`` (scheduler, block
   pool, output processor, in-flight queue).
+
+Half the machines run with the L2 host tier (either write policy, small host and snapshot
+pools, cache ops landing up to two rounds late): retraction images, restores, load-backs
+and write-backs happen too, a block is also held by a request being restored and by a
+write-through still copying it, and the leak check covers both tiers and the open ops.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tokenspeed_aio.scheduler.block_pool import NULL_BLOCK
+from tokenspeed_aio.scheduler.cache_ops import WRITE_POLICIES
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 from tokenspeed_aio.scheduler.request import Status
+from tokenspeed_aio.scheduler.scheduler import HostTierConfig
 
 EOS = 5
 MAX_MODEL_LEN = 48
@@ -55,13 +62,25 @@ class RoundMachine(RuleBasedStateMachine):
         caching=st.booleans(),
         depth=st.sampled_from([0, 1]),
         eos=st.booleans(),
+        host=st.one_of(
+            st.none(),
+            st.tuples(
+                st.integers(1, 32),  # host blocks
+                st.integers(0, 6),  # snapshot pages
+                st.integers(0, 3),  # snapshot states
+                st.sampled_from(WRITE_POLICIES),
+                st.integers(0, 2),  # ACK delay in rounds
+            ),
+        ),
     )
-    def setup(self, num_blocks, page_size, max_num_seqs, budget, caching, depth, eos):
+    def setup(self, num_blocks, page_size, max_num_seqs, budget, caching, depth, eos, host):
         self.aio = asyncio.new_event_loop()
         self.engine = SimEngine(
             depth=depth,
             eos_token_ids=[EOS] if eos else [],
             on_execute=self._check_plan,
+            host=None if host is None else HostTierConfig(*host[:4]),
+            ack_delay=0 if host is None else host[4],
             num_blocks=num_blocks,
             page_size=page_size,
             max_num_seqs=max_num_seqs,
@@ -126,6 +145,8 @@ class RoundMachine(RuleBasedStateMachine):
             assert self.engine.loop.output.owns(row.rid), f"an ended request was scheduled: {row}"
         if any(row.new_owner and row.start for row in plan.rows):
             event("a prefix-cache hit or re-admission")
+        for op in plan.cache.ops() if plan.cache is not None else ():
+            event(f"a {op.kind} op")
 
     @invariant()
     def blocks_are_accounted_for(self):
@@ -134,6 +155,14 @@ class RoundMachine(RuleBasedStateMachine):
         sched = self.engine.scheduler
         pool = sched.pool
         holders = Counter(b for req in sched.running for b in req.block_ids)
+        # Blocks a restore in flight writes (its request may have ended meanwhile) ...
+        restoring = [r for r in sched.requests.values() if r.image is not None and r.block_ids]
+        holders.update(b for req in restoring for b in req.block_ids)
+        tier = sched.host_tier
+        if tier is not None:  # ... and the sources a write-through still copies (pinned)
+            for op, _, _ in tier._open.values():
+                if op.kind == "write_back" and not op.stream_ordered:
+                    holders.update(op.src_blocks)
         for block in range(pool.num_blocks):
             assert pool.ref_count(block) >= 0
             assert pool.ref_count(block) == holders[block], (block, pool.ref_count(block))

@@ -17,10 +17,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from tokenspeed_aio.bench import report, suite
+from tokenspeed_aio.bench import report, suite, tier_compare
+from tokenspeed_aio.bench.long_context import long_context_chat
 from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 from tokenspeed_aio.bench.shapes import SHAPES, checkpoint_dir
 from tokenspeed_aio.bench.workloads import WORKLOADS, TokenSpace, parse_list
+
+ALL_WORKLOADS = {**WORKLOADS, "long-context-chat": long_context_chat}
 
 # Which workload flags each workload takes (the rest would be silently ignored).
 WORKLOAD_FLAGS = {
@@ -29,6 +32,13 @@ WORKLOAD_FLAGS = {
     "overhead": {"input_len", "output_len", "concurrency"},
     "chat-mix": {"num_requests", "rates"},
     "agentic-prefix": {"conversations", "turns", "turn_tokens", "reply_tokens"},
+    "long-context-chat": {
+        "conversations",
+        "turns",
+        "context_tokens",
+        "turn_tokens",
+        "reply_tokens",
+    },
 }
 ALL_WORKLOAD_FLAGS = sorted(set().union(*WORKLOAD_FLAGS.values()))
 
@@ -40,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m tokenspeed_aio bench",
         description="Benchmark a workload; writes a JSON record and prints markdown tables.",
     )
-    parser.add_argument("workload", choices=list(WORKLOADS))
+    parser.add_argument("workload", choices=list(ALL_WORKLOADS))
     w = parser.add_argument_group("workload (defaults: the full size in docs/performance.md)")
     w.add_argument("--input-len", type=int, help="prompt tokens (fixed-1k, latency, overhead)")
     w.add_argument("--output-len", type=int, help="output tokens (fixed-1k, latency, overhead)")
@@ -54,8 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--rates", help='chat-mix: arrival rates in req/s, e.g. "1,4,16,inf"')
     w.add_argument("--batch", type=int, help="latency: requests in flight at once")
-    w.add_argument("--conversations", type=int, help="agentic-prefix: conversations (all at once)")
-    w.add_argument("--turns", type=int, help="agentic-prefix: turns per conversation")
+    w.add_argument(
+        "--conversations",
+        type=int,
+        help="agentic-prefix, long-context-chat: conversations (all at once)",
+    )
+    w.add_argument(
+        "--context-tokens", type=int, help="long-context-chat: a conversation's first prompt"
+    )
+    w.add_argument(
+        "--turns", type=int, help="agentic-prefix, long-context-chat: turns per conversation"
+    )
     w.add_argument("--turn-tokens", type=int, help="agentic-prefix: new prompt tokens per turn")
     w.add_argument("--reply-tokens", type=int, help="agentic-prefix: reply tokens per turn")
     w.add_argument("--workload-seed", type=int, default=0, help="seed of prompts and lengths")
@@ -74,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--no-roofline", action="store_true", help="skip the bandwidth measurement")
     o.add_argument("--no-warmup", action="store_true", help="no warm-up request before runs")
     o.add_argument("--out", type=Path, help=OUT_HELP)
+    o.add_argument(
+        "--kvstore-compare",
+        metavar="RATIOS",
+        help='run the workload once per --kvstore-ratio, e.g. "0,6" (the L2 tier off, then on)',
+    )
     add_engine_flags(parser)
     return parser
 
@@ -160,7 +184,7 @@ def main(argv: list[str]) -> int:
     on_disk = peer_hf.has_weights(model_dir)
     args = args.replace(model=str(model_dir), load_format=args.load_format if on_disk else "dummy")
     tokens = TokenSpace.from_model_dir(model_dir, args.tokenizer)
-    workload = WORKLOADS[ns.workload](tokens, **kwargs)
+    workload = ALL_WORKLOADS[ns.workload](tokens, **kwargs)
     config = ModelConfig.from_pretrained(model_dir)
     dtype = resolve_dtype(args.dtype, config)
     device = _device(args.device)
@@ -184,6 +208,24 @@ def main(argv: list[str]) -> int:
         ),
         tp=args.tp,
     )
+    if ns.kvstore_compare:
+        if ns.server or ns.peer:
+            parser.error("--kvstore-compare starts its own engines: no --server or --peer")
+        ratios = parse_list(ns.kvstore_compare, float)
+        doc = tier_compare.run(
+            ratios,
+            args,
+            workload,
+            tokens,
+            ctx,
+            lambda coro: _run_loop(coro, ns.loop),
+            warmup=not ns.no_warmup,
+        )
+        path = report.write_json(doc, ns.out or default_out_path(workload.name))
+        print(tier_compare.render_markdown(doc))
+        print(f"raw JSON: {path}")
+        runs = [r for s in doc["kvstore_compare"] for r in s["document"]["runs"]]
+        return 1 if sum(r["metrics"]["failed"] for r in runs) else 0
     if not ns.no_roofline:
         # Measured before the engine starts: its memory sizing must see the device free.
         ctx.bandwidth = measure_bandwidth(device)

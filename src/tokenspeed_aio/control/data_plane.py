@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from tokenspeed_aio.control.cache_ops import CacheResults
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
 from tokenspeed_aio.wire.control import InitWeightsGroup, StartProfile
 
@@ -35,7 +36,13 @@ class DataPlane(Protocol):
     """What the event loop may ask of the device side. Nothing else crosses."""
 
     def execute(self, plan: ExecutionPlan) -> PendingExecution:
-        """Queue the plan's forward; never blocks."""
+        """Queue the plan: its cache ops and its forward; never blocks."""
+        ...
+
+    def poll_cache_results(self) -> CacheResults:
+        """A completion query, called on the control thread itself (queued, it would wait
+        behind every forward still being launched): the cache ops whose copies landed since
+        the last call. Touches no stream; never blocks."""
         ...
 
     async def idle_forward(self) -> None:

@@ -3,12 +3,13 @@
     1. receive + relay; admit in arrival order; the control gate (pause edges, held
        admissions, memory release, the same-round gate's weight op); the grammar queue;
        PD transfers register
-    2. head: client aborts (their transfers cancel) -> scheduler.advance_head
-    3. plan: scheduler.next_execution_plan() (no forward in a frozen round); finish
-       plan.aborts; DP agreement
-    4. dispatch one data_plane.execute(plan) when there is device work -- a batch or a
-       remote stream (committing the queue first if the dispatch depends on a pending
-       commit); commit from the in-flight queue down to the effective depth (0 when
+    2. head: cache-op acknowledgments (replica-agreed) and client aborts (their transfers
+       cancel) -> scheduler.advance_head, so this round's plan sees them
+    3. plan: scheduler.next_execution_plan() (no forward in a frozen round); count its
+       cache ops; finish plan.aborts; DP agreement
+    4. dispatch one data_plane.execute(plan) when there is device work -- a batch, a cache
+       op or a remote stream (committing the queue first if the dispatch depends on a
+       pending commit); commit from the in-flight queue down to the effective depth (0 when
        nothing dispatched); the replica's agreement on transfer progress
     5. tail: scheduler.advance(events); publish KV events once; send outputs + load and
        the control replies
@@ -19,11 +20,13 @@ round applies. The scheduler advances only here, at the head and the tail.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 
 from tokenspeed_aio.collective.errors import CollectiveError, MeshError
 from tokenspeed_aio.control.batch_log import BatchLog
+from tokenspeed_aio.control.cache_ops import CacheOps
 from tokenspeed_aio.control.control import Control
 from tokenspeed_aio.control.control_step import ControlView
 from tokenspeed_aio.control.data_plane import DataPlane, PendingExecution
@@ -53,6 +56,7 @@ logger = logging.getLogger(__name__)
 Event = ForwardCommitted | RequestFinished | TransferEvent
 
 GRAMMAR_POLL_SECONDS = 0.005  # an idle engine checks its compiling grammars this often
+CACHE_POLL_SECONDS = 0.0005  # a round with only cache copies in flight waits this long
 TRANSFER_POLL_SECONDS = 0.002  # ... and its KV transfers in flight this often
 
 
@@ -72,6 +76,7 @@ class EventLoop:
         faults: FaultInjector | None = None,
         control: Control | None = None,
         batch_log: BatchLog | None = None,
+        cache_ops: CacheOps | None = None,
         pd: PdTransfers | None = None,
     ) -> None:
         if in_flight_depth not in (0, 1):
@@ -87,6 +92,7 @@ class EventLoop:
         self.faults = faults
         self.control = control or Control(data_plane)
         self.batch_log = batch_log or BatchLog(0)
+        self.cache_ops = cache_ops or CacheOps(relay.group)
         self.pd = pd or PdTransfers(None)
         self.local_error: str | None = None  # carried into the next exchange with peers
         self.kv_events = KVEventPublisher()
@@ -101,8 +107,9 @@ class EventLoop:
 
     def quiet(self) -> bool:
         """Nothing progresses here without a new message: idle, or frozen (a keep pause,
-        released memory) with nothing in flight, and no control operation pending."""
-        if self.in_flight or self.control.busy:
+        released memory) with nothing in flight, no control operation pending and no cache
+        copy still landing."""
+        if self.in_flight or self.control.busy or self.cache_ops.open:
             return False
         return self.control.frozen or not self.scheduler.has_work()
 
@@ -112,8 +119,11 @@ class EventLoop:
 
     def _receive_timeout(self) -> float | None:
         """A round waits for messages only when the whole engine is idle: up to a
-        heartbeat, or briefly while grammars compile and nothing else runs."""
+        heartbeat, or briefly while grammars compile and nothing else runs; and briefly
+        when all it waits for is cache copies landing."""
         if not self.engine_idle():
+            if self.cache_ops.open and not self.in_flight and not self.scheduler.running:
+                return CACHE_POLL_SECONDS
             return None
         if len(self.grammar):
             return GRAMMAR_POLL_SECONDS
@@ -154,6 +164,7 @@ class EventLoop:
         self.output.fail(failed)
         self.pd.register(self._submit(compiled + step.requests))
         # 2. head
+        acknowledged = await self.cache_ops.acknowledged(self.data_plane.poll_cache_results)
         aborted = self.output.abort(adm.aborted)
         if step.abort_all:  # a pause in abort mode, or weights invalidated
             aborted += self.output.abort_all()
@@ -161,9 +172,10 @@ class EventLoop:
             self.scheduler.reset_prefix_cache()
         self.grammar.abort(aborted)
         self.pd.cancel(aborted)
-        self.scheduler.advance_head(aborted)
+        self.scheduler.advance_head(aborted, acknowledged)
         # 3. plan
         plan = self.scheduler.next_execution_plan(allow_forward=step.allow_forward)
+        self.cache_ops.dispatched(plan)
         self.output.finish_planned_aborts(plan.aborts)
         if (
             self.dp is not None
@@ -226,9 +238,10 @@ class EventLoop:
 
     def _send_outputs(self) -> None:
         replies = self.control.take_replies()
+        load = self.cache_ops.report(self.scheduler.load())
         batch = self.load_reporter.batch(
             self.output.take(),
-            self.scheduler.load(),
+            load,
             self.jit,
             replies,
             self.pd.gauges(),
@@ -238,7 +251,8 @@ class EventLoop:
             self.relay.send(batch)
 
     async def drain(self) -> None:
-        """Stop: commit what is in flight, end every request with an abort, release."""
+        """Stop: commit what is in flight, end every request with an abort, land the cache
+        copies still open (frozen rounds: cache work only), release."""
         events: list[Event] = []
         while self.in_flight:
             events += await self._commit_oldest()
@@ -248,6 +262,16 @@ class EventLoop:
         self.grammar.abort(aborted)
         self.pd.cancel(aborted)
         self.scheduler.advance_head(aborted)
+        while self.scheduler.has_cache_work():
+            acknowledged = await self.cache_ops.acknowledged(self.data_plane.poll_cache_results)
+            self.scheduler.advance_head((), acknowledged)
+            plan = self.scheduler.next_execution_plan(allow_forward=False)
+            if plan.needs_device():
+                self.cache_ops.dispatched(plan)
+                self.in_flight.append((plan, self.data_plane.execute(plan)))
+                self.scheduler.advance(await self._commit_oldest())
+            elif self.cache_ops.open:
+                await asyncio.sleep(CACHE_POLL_SECONDS)
         self.kv_events.publish(self.scheduler.drain_kv_events())
         self._send_outputs()
 
@@ -259,5 +283,6 @@ class EventLoop:
         """Leak check: no request state in the control plane or the scheduler."""
         if self.in_flight:
             raise AssertionError(f"{len(self.in_flight)} forwards still in flight")
+        self.cache_ops.check_idle()
         self.output.check_idle()
         self.scheduler.check_idle()

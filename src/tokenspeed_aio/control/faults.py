@@ -33,3 +33,35 @@ class FaultInjector:
         self.rounds += 1
         if self.rounds == self.round_index:
             raise InjectedFault(f"injected fault on rank {self.rank} in round {self.rounds}")
+
+
+CACHE_ACK_ENV = "TOKENSPEED_INJECT_CACHE_ACK"
+
+
+class CacheAckFault:
+    """``TOKENSPEED_INJECT_CACHE_ACK=duplicate|drop[,after=N]``: the data plane repeats (or
+    loses) the acknowledgment of the N-th cache op that lands (default: the first), so a
+    test sees the control plane catch it. Unset, it is never constructed."""
+
+    MODES = ("duplicate", "drop")
+
+    def __init__(self, mode: str, after: int = 1) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"{CACHE_ACK_ENV}: mode must be one of {self.MODES}, got {mode!r}")
+        self.mode = mode
+        self.after = after
+
+    @classmethod
+    def from_env(cls) -> CacheAckFault | None:
+        spec = os.environ.get(CACHE_ACK_ENV)
+        if not spec:
+            return None
+        mode, *rest = spec.split(",")
+        fields = dict(part.split("=", 1) for part in rest)
+        return cls(mode, int(fields.get("after", 1)))
+
+    def acks(self, op_id: int, landed: int) -> list[int]:
+        """The ACKs reported for the ``landed``-th op to land."""
+        if landed != self.after:
+            return [op_id]
+        return [op_id, op_id] if self.mode == "duplicate" else []

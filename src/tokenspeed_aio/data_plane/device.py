@@ -15,6 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.cache.executor import HostCacheExecutor
+from tokenspeed_aio.cache.host_pool import HostSizing, allocate_host_pages, check_host_memory
+from tokenspeed_aio.cache.ops import NO_CACHE_OPS, DeviceCacheOps
+from tokenspeed_aio.cache.snapshot_pool import SlotStates
+from tokenspeed_aio.control.cache_ops import CacheResults
 from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
 from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
 from tokenspeed_aio.data_plane.landing import LaunchedForward, no_forward
@@ -61,6 +66,7 @@ class DeviceHandle:
         memory: MemorySaver,
         weights: WeightUpdater,
         profiler: ForwardProfiler,
+        cache: HostCacheExecutor,
         transfer: PeerLoop | None = None,
     ) -> None:
         self._runner = runner
@@ -68,6 +74,7 @@ class DeviceHandle:
         self._memory = memory
         self._weights = weights
         self._profiler = profiler
+        self._cache = cache
         self._transfer = transfer  # the PD transfer peer, the plans' second executor
 
     def enter_serving(self) -> None:
@@ -75,22 +82,58 @@ class DeviceHandle:
         arm_sync_debug(self._device)
         compile_monitor().mark_serving()
 
-    def execute(self, plan: ExecutionPlan) -> LaunchedForward:
-        """The plan's batch to the model, then its remote streams to the transfer peer:
-        landing pages are advertised only behind a fence on every forward queued before
-        them (the prefill ranks' writes are not ordered with the device); a finished
-        prompt's KV is complete already (its result landed before it was planned)."""
+    @torch.inference_mode()
+    def execute(
+        self, plan: ExecutionPlan, cache_ops: DeviceCacheOps = NO_CACHE_OPS
+    ) -> LaunchedForward:
+        """Submit the plan, in an order that is itself a correctness contract for pages and
+        slots this very plan re-grants (the scheduler frees and hands them out while it
+        builds the plan):
+
+        1. host-bound stores: the stream-ordered ones (a retraction image's write-back and
+           snapshot store, write_back's evictions) read pages and slots the plan may
+           re-grant, so they ride the write stream consecutively and ONE event fences the
+           forward stream before anything below is enqueued; the write-through stores
+           (sources pinned by the scheduler) follow on the write stream, fencing nothing;
+        2. device-to-device block copies (``pages_to_copy``), on the forward stream: a
+           source may be re-granted and zeroed by this plan, so they precede the zeroing;
+        3. page zeroing (``pages_to_zero``), a new owner's sanitization;
+        4. device-bound loads on the load stream, behind all of the above: load-backs
+           (onto fresh pages; the batch reads them behind per-layer fences), then
+           restores (whole blocks and the new slot's state; no fence, their requests are
+           unschedulable until the ACK);
+        5. the batch; after it the forward stream waits for the whole load, so later plans
+           read the loaded pages too;
+        6. the remote streams to the transfer peer: landing pages are advertised only
+           behind a fence on every forward queued before them (the prefill ranks' writes
+           are not ordered with the device); a finished prompt's KV is complete already
+           (its result landed before it was planned).
+        """
+        cache = self._cache
+        if cache_ops.ordered_stores or cache_ops.stores:
+            cache.store(cache_ops)
+        if plan.pages_to_copy:
+            cache.copy_blocks(plan.pages_to_copy)
+        if plan.pages_to_zero:
+            cache.zero_blocks(plan.pages_to_zero)
+        fences = cache.load(cache_ops) if cache_ops.loads or cache_ops.restores else None
         if plan.rows:
-            launched = self._runner.execute(plan)
+            launched = self._runner.execute(plan, fences)
             self._profiler.step()
         else:
             stats = compile_monitor().stats
             launched = no_forward(plan, (stats.serving_compiles, stats.serving_compile_seconds))
+        cache.joined(fences)
         if plan.remote_prefill:
             self._transfer.stage(plan.remote_prefill, self._fence())
         if plan.remote_decode:
             self._transfer.stage(plan.remote_decode, None)
         return launched
+
+    def poll_cache_results(self) -> CacheResults:
+        """Completion query (the control thread calls it itself): the cache ops landed since
+        the last call. Reads what the completion thread recorded; touches no stream."""
+        return self._cache.poll()
 
     def _fence(self):
         """A wait for everything queued on the device so far (None on CPU, where the
@@ -150,6 +193,8 @@ class DeviceHandle:
         if self._device.type == "cuda":
             torch.cuda.set_sync_debug_mode(0)  # the process may go on without the engine
             torch.cuda.synchronize(self._device)
+        self._cache.close()  # after the device finished every copy
+        if self._device.type == "cuda":
             torch.cuda.empty_cache()
 
 
@@ -366,6 +411,14 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         peak / 2**30,
         quantization.scheme if quantization else str(dtype).removeprefix("torch."),
     )
+    host = HostSizing.of(
+        ratio=args.kvstore_ratio,
+        size_gb=args.kvstore_size_gb,
+        device_blocks=num_blocks,
+        block_bytes=per_block,
+        max_num_seqs=max_num_seqs,
+    )
+    cache = _host_cache(args, host, memory, runner, per_block)
     specs = DeviceSpecs(
         num_blocks=num_blocks,
         page_size=page,
@@ -377,6 +430,9 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         dtype=str(dtype).removeprefix("torch."),
         attention_backend=backend_name,
         kv_bytes_per_block=per_block,
+        host_blocks=host.l2_blocks,
+        snapshot_pages=host.snapshot_pages,
+        snapshot_states=host.snapshot_states,
         role=args.disaggregation_mode,
     )
     engine_rank = rank.dp_rank * rank.tp_size + rank.tp_rank
@@ -387,10 +443,49 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         memory=memory,
         weights=weights,
         profiler=ForwardProfiler(device, engine_rank),
+        cache=cache,
         transfer=transfer,
     )
     return DeviceBuild(
         specs=specs,
         handle=handle,
         transfer=None if transfer is None else PeerControl(transfer),
+    )
+
+
+def _host_cache(
+    args: EngineArgs, host: HostSizing, memory: MemorySaver, runner: ModelRunner, per_block: int
+) -> HostCacheExecutor:
+    """The host tiers' buffers (none with the tier off) and the executor of cache ops."""
+    kv = memory.kv_pool()
+    pinned = kv.device.type == "cuda"
+    host_pages = snapshot_pages = states = None
+    if host.l2_blocks:
+        check_host_memory(host.bytes(per_block), len(args.local_ranks), pinned)
+        page_shape = (kv.shape[0], kv.shape[1], *kv.shape[3:])
+        with allow_host_sync():
+            host_pages = allocate_host_pages(host.l2_blocks, page_shape, kv.dtype, pinned)
+            snapshot_pages = allocate_host_pages(host.snapshot_pages, page_shape, kv.dtype, pinned)
+            states = SlotStates(host.snapshot_states, runner.sampling.vocab_size, pinned)
+        logger.info(
+            "L2 host KV pool: %d blocks = %d tokens (%.2f GiB %s, %s); snapshot pool: %d "
+            "pages (%.2f GiB) and %d slot states",
+            host.l2_blocks,
+            host.l2_blocks * kv.shape[3],
+            host.l2_blocks * per_block / 2**30,
+            "pinned" if pinned else "host memory",
+            args.kvstore_write_policy,
+            host.snapshot_pages,
+            host.snapshot_pages * per_block / 2**30,
+            host.snapshot_states,
+        )
+    else:
+        logger.info("L2 host KV pool: off (--kvstore-ratio / --kvstore-size-gb)")
+    return HostCacheExecutor(
+        memory.kv_pool,
+        host_pages=host_pages,
+        snapshot_pages=snapshot_pages,
+        slot_states=states,
+        sampling=runner.sampling,
+        last_sampled=runner.last_sampled,
     )

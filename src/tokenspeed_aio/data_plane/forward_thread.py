@@ -19,6 +19,8 @@ import threading
 from typing import Any, Protocol
 
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.cache.ops import DeviceCacheOps, cache_ops_from_plan
+from tokenspeed_aio.control.cache_ops import CacheResults
 from tokenspeed_aio.control.data_plane import PendingExecution
 from tokenspeed_aio.data_plane.gc_hooks import GcHooks
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
@@ -48,7 +50,9 @@ class Landable(Protocol):
 class Handle(Protocol):
     def enter_serving(self) -> None: ...
 
-    def execute(self, plan: ExecutionPlan) -> Landable: ...
+    def execute(self, plan: ExecutionPlan, cache_ops: DeviceCacheOps) -> Landable: ...
+
+    def poll_cache_results(self) -> CacheResults: ...
 
     def idle_forward(self) -> None: ...
 
@@ -117,6 +121,11 @@ class ForwardThreadDataPlane:
         pending = PendingExecution(plan.plan_id, self._loop)
         self._ops.put((self._execute, plan, pending))
         return pending
+
+    def poll_cache_results(self) -> CacheResults:
+        """The completion query runs here, on the control thread: queued, it would wait
+        behind every forward still being launched. It only reads what landed."""
+        return self._handle.poll_cache_results()
 
     async def idle_forward(self) -> None:
         await self._ask("idle_forward")
@@ -191,7 +200,8 @@ class ForwardThreadDataPlane:
         self._loop.call_soon_threadsafe(_resolve, fut, result)
 
     def _execute(self, plan: ExecutionPlan, pending: PendingExecution) -> None:
-        launched = self._handle.execute(plan)
+        # The plan's cache ops, adapted once into the immutable tuples execute consumes.
+        launched = self._handle.execute(plan, cache_ops_from_plan(plan))
         self._loop.call_soon_threadsafe(_resolve, pending.launched)
         self.gc_hooks.forwarded()
         if launched.event is None:

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from tokenspeed_aio.data_plane.cuda_vmm import VmmBuffer
 from tokenspeed_aio.errors import RequestConflictError
 from tokenspeed_aio.guards.host_sync import allow_host_sync
-from tokenspeed_aio.model.kv_cache import allocate_kv_cache
+from tokenspeed_aio.model.kv_cache import allocate_kv_pool, kv_cache_views
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class MemorySaver:
         self._file: Path | None = None  # CPU: the released parameters
         self._kv: VmmBuffer | None = None
         self._kv_shape: tuple | None = None  # allocate_kv_cache's arguments
+        self._pool: torch.Tensor | None = None  # the KV pool [2, L, blocks, page, H, D]
         self._runner = None
         self.released: set[str] = set()
 
@@ -92,20 +93,25 @@ class MemorySaver:
         head_dim: int,
         dtype: torch.dtype,
     ) -> KvCaches:
+        """The KV pool as one tensor (``kv_pool``; the host tiers copy blocks across all
+        of its layers at once) and its per-layer views, which the model reads."""
         self._kv_shape = (num_layers, num_blocks, page_size, num_kv_heads, head_dim, dtype)
         if not self.vmm:
-            return allocate_kv_cache(*self._kv_shape, self.device)
-        shape = (num_blocks, page_size, num_kv_heads, head_dim)
-        nbytes = num_blocks * page_size * num_kv_heads * head_dim * dtype.itemsize
-        per = _aligned(nbytes)
-        buf = VmmBuffer(2 * num_layers * per, self.device.index or 0)
+            self._pool = allocate_kv_pool(*self._kv_shape, self.device)
+            return kv_cache_views(self._pool)
+        shape = (2, num_layers, num_blocks, page_size, num_kv_heads, head_dim)
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        buf = VmmBuffer(_aligned(nbytes), self.device.index or 0)
         buf.tensor.zero_()
-        views = [
-            buf.tensor[i * per : i * per + nbytes].view(dtype).view(shape)
-            for i in range(2 * num_layers)
-        ]
+        # Each layer's view starts at a multiple of its own size: 16-byte aligned for any
+        # head_dim that is a multiple of 8 (Triton specializes on 16).
+        self._pool = buf.tensor[:nbytes].view(dtype).view(shape)
         self._kv = buf
-        return tuple(views[:num_layers]), tuple(views[num_layers:])
+        return kv_cache_views(self._pool)
+
+    def kv_pool(self) -> torch.Tensor | None:
+        """The KV pool now (None while a CPU release dropped it)."""
+        return self._pool
 
     def bind_runner(self, runner) -> None:
         """The runner whose KV pool a CPU release drops and a resume gives back."""
@@ -191,14 +197,15 @@ class MemorySaver:
             self._kv.unmap()
         else:
             self._runner.k_caches = self._runner.v_caches = ()
+            self._pool = None
 
     def _resume_kv(self) -> None:
         if self._kv is not None:
             self._kv.map()
             self._kv.tensor.zero_()
         else:
-            k, v = allocate_kv_cache(*self._kv_shape, self.device)
-            self._runner.k_caches, self._runner.v_caches = k, v
+            self._pool = allocate_kv_pool(*self._kv_shape, self.device)
+            self._runner.k_caches, self._runner.v_caches = kv_cache_views(self._pool)
 
     def close(self) -> None:
         if self._file is not None:

@@ -104,7 +104,9 @@ class ModelRunner:
         self.graphs.capture()
 
     @torch.inference_mode()
-    def execute(self, plan: ExecutionPlan) -> LaunchedForward:
+    def execute(self, plan: ExecutionPlan, fences=None) -> LaunchedForward:
+        """The plan's batch; ``fences`` (cache/fences.py) when its load-backs are still
+        landing: the eager forward waits per layer, a graph replay for the whole load."""
         rows = plan.rows
         self.timeline.forward_started()
         self._apply_row_state(rows)
@@ -115,9 +117,11 @@ class ModelRunner:
             inputs = DecodeRows(
                 host.positions, host.slot_mapping, host.slots, host.seq_lens, host.block_tables
             )
+            if fences is not None:
+                fences.wait_all()
             logits, argmax = self.graphs.replay(bs, inputs)
         else:
-            logits = self._eager(host)
+            logits = self._eager(host, fences)
         sample_rows = [r for r in rows if r.sample]
         prompt_rows = [r for r in rows if r.prompt_logprob_targets]
         landing = self._sample(sample_rows, logits[: len(sample_rows)], argmax)
@@ -128,7 +132,7 @@ class ModelRunner:
         jit = (stats.serving_compiles, stats.serving_compile_seconds)
         return LaunchedForward(plan, landing, prompt_rows, event, jit)
 
-    def _eager(self, host: HostBatch) -> torch.Tensor:
+    def _eager(self, host: HostBatch, fences=None) -> torch.Tensor:
         """Ship the metadata in two packed copies (int64, int32) and run the model."""
         b, t = host.num_rows, host.num_tokens
         bt = host.block_tables
@@ -162,7 +166,7 @@ class ModelRunner:
         n = host.num_decodes
         if n:  # future tokens: decode inputs are the slots' last sampled tokens
             ids[:n] = self.last_sampled[ids[:n]]
-        ctx = self._context(meta)
+        ctx = self._context(meta, fences)
         hidden = self.model(ids, pos, ctx)
         return self.model.compute_logits(hidden[lidx])
 
@@ -191,8 +195,10 @@ class ModelRunner:
             self.backend.plan(lens, lens, np.zeros((meta.num_rows, 1), np.int32))
         self.model(ids, positions, self._context(meta))
 
-    def _context(self, meta: AttentionMetadata) -> ForwardContext:
-        return ForwardContext(meta, self.backend, self.k_caches, self.v_caches, self.kv_scales)
+    def _context(self, meta: AttentionMetadata, fences=None) -> ForwardContext:
+        return ForwardContext(
+            meta, self.backend, self.k_caches, self.v_caches, self.kv_scales, fences
+        )
 
     def _null_inputs(
         self, num_decodes: int, chunk: int

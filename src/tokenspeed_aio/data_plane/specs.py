@@ -20,6 +20,9 @@ class DeviceSpecs:
     # The rank's role (DeviceRole): "plain", or one side of prefill/decode disaggregation.
     # A value, not a class: only the transfer peer and a request's room depend on it.
     role: str = "plain"
+    host_blocks: int = 0  # L2 host pool blocks (0: the host tier is off)
+    snapshot_pages: int = 0  # snapshot pool pages (retraction victims' tail pages)
+    snapshot_states: int = 0  # snapshot pool slot-state entries
 
     @property
     def max_concurrent_tokens(self) -> int:

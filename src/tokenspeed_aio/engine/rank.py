@@ -12,6 +12,7 @@ import logging
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.control.batch_log import BatchLog
+from tokenspeed_aio.control.cache_ops import CacheOps
 from tokenspeed_aio.control.control import Control
 from tokenspeed_aio.control.dp import DpAgreement, DpGroup
 from tokenspeed_aio.control.event_loop import EventLoop
@@ -25,7 +26,7 @@ from tokenspeed_aio.control.request_stats import RequestStats
 from tokenspeed_aio.control.transport import Transport
 from tokenspeed_aio.data_plane.gc_hooks import freeze_startup_heap
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
-from tokenspeed_aio.scheduler.scheduler import Scheduler, SchedulerConfig
+from tokenspeed_aio.scheduler.scheduler import HostTierConfig, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,17 @@ def _grammar_backend(args: EngineArgs, specs: DeviceSpecs):
     from tokenspeed_aio.grammar.xgrammar_backend import XGrammarBackend
 
     return XGrammarBackend(args.tokenizer or args.model, specs.vocab_size, specs.eos_token_ids)
+
+
+def _host_tier(args: EngineArgs, specs: DeviceSpecs) -> HostTierConfig | None:
+    if not specs.host_blocks:
+        return None
+    return HostTierConfig(
+        num_blocks=specs.host_blocks,
+        num_snapshot_pages=specs.snapshot_pages,
+        num_snapshot_states=specs.snapshot_states,
+        write_policy=args.kvstore_write_policy,
+    )
 
 
 def _kv_event_publisher(args: EngineArgs, specs: DeviceSpecs, rank: RankInfo):
@@ -102,6 +114,7 @@ class EngineRank:
                 max_num_batched_tokens=args.chunked_prefill_size,
                 max_model_len=specs.max_model_len,
                 enable_prefix_caching=args.enable_prefix_caching,
+                host=_host_tier(args, specs),
                 role=specs.role,
             )
         )
@@ -125,6 +138,7 @@ class EngineRank:
             replica=rank.dp_rank,
             dp=DpAgreement(dp_group) if dp_group is not None else None,
             faults=faults,
+            cache_ops=CacheOps(group, block_bytes=specs.kv_bytes_per_block),
             control=Control(
                 data_plane,
                 dp_group if dp_group is not None else group,

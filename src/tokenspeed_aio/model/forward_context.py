@@ -66,6 +66,10 @@ class ForwardContext:
     v_caches: tuple[torch.Tensor, ...]
     # FP8 caches: per layer, (k_scale, v_scale) [num_kv_heads] fp32; None for 16-bit caches.
     kv_scales: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+    # The plan's L2 load-backs still landing (cache/fences.py's LayerFences: ``wait(layer)``
+    # makes this forward's stream wait until that layer of every loaded block is in the
+    # pool); None when nothing is loading.
+    layer_fences: Any = None
 
     def layer_kv_scales(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None if self.kv_scales is None else self.kv_scales[layer_idx]

@@ -37,7 +37,7 @@ def kv_cache_bytes_per_block(
     return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
 
 
-def allocate_kv_cache(
+def allocate_kv_pool(
     num_layers: int,
     num_blocks: int,
     page_size: int,
@@ -45,12 +45,27 @@ def allocate_kv_cache(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device | str,
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Per-layer K and V caches [num_blocks, page_size, num_kv_heads, head_dim], zeroed.
+) -> torch.Tensor:
+    """The whole pool as one tensor [2 (K, V), num_layers, num_blocks, page_size,
+    num_kv_heads, head_dim], zeroed: one allocation, so a block's pages across every layer
+    can be gathered or scattered with one launch (the host tiers' copies).
 
     Zeroed so the null block (block 0), which padding rows read, holds finite values.
     """
-    shape = (num_blocks, page_size, num_kv_heads, head_dim)
-    k_caches = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers))
-    v_caches = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers))
-    return k_caches, v_caches
+    shape = (2, num_layers, num_blocks, page_size, num_kv_heads, head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def kv_cache_views(pool: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per-layer K and V caches [num_blocks, page_size, num_kv_heads, head_dim] (contiguous
+    views of the pool)."""
+    layers = range(pool.shape[1])
+    # pool[kv, layer] selects one view each (unbinding would make views that an in-place
+    # write outside inference mode refuses).
+    return tuple(pool[0, i] for i in layers), tuple(pool[1, i] for i in layers)
+
+
+def allocate_kv_cache(*shape, **where) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per-layer K and V caches [num_blocks, page_size, num_kv_heads, head_dim] of a zeroed
+    pool (``allocate_kv_pool``'s arguments)."""
+    return kv_cache_views(allocate_kv_pool(*shape, **where))

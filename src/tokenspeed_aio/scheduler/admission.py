@@ -1,6 +1,8 @@
 """The scheduler's admission half: a submission batch is validated whole, then waiting
 requests are admitted into the round's plan as budget, free slots and KV blocks allow,
-reusing cached prefix blocks.
+reusing cached prefix blocks -- on the device, then, with the host tier, in L2 (loaded
+back in the same plan) -- and a retracted request with an image is restored into a slot
+once its stores landed.
 
 ``Scheduler`` (scheduler.py) takes these methods; they read and change its state.
 """
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from collections import deque
 
     from tokenspeed_aio.scheduler.block_pool import BlockPool
+    from tokenspeed_aio.scheduler.host_tier import HostTier
 
 
 class SubmissionRejected(ValueError):
@@ -30,6 +33,7 @@ class AdmissionMixin:
     waiting: deque[Request]
     running: list[Request]
     pool: BlockPool
+    host_tier: HostTier | None
     page_size: int
     role: str
     _free_slots: list[int]
@@ -70,8 +74,13 @@ class AdmissionMixin:
         budget: int,
     ) -> int:
         page = self.page_size
+        tier = self.host_tier
         while self.waiting and budget > 0 and self._free_slots:
             req = self.waiting[0]
+            if req.image is not None:
+                if not self._restore(plan, req):
+                    break  # its stores are in flight, or the pool is full: it keeps its turn
+                continue
             if req.num_pending:
                 break  # retracted with tokens still in flight: re-admit once they land
             if req.room is not None and self.role == "decode":
@@ -79,11 +88,15 @@ class AdmissionMixin:
                     break  # its landing pages fit once residents give back their blocks
                 continue
             hits: list[int] = []
+            host_hits: list[int] = []
             if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
                 hash_full_blocks(req, page)
                 # At least the last token is recomputed: its logits sample the next one.
-                hits = self.pool.lookup(req.block_hashes[: (req.num_tokens - 1) // page])
-            computed = len(hits) * page
+                keys = req.block_hashes[: (req.num_tokens - 1) // page]
+                hits = self.pool.lookup(keys)
+                if tier is not None and len(hits) < len(keys):
+                    host_hits = tier.lookup(keys[len(hits) :])
+            computed = (len(hits) + len(host_hits)) * page
             n = min(req.num_tokens - computed, budget)
             need = self._blocks_for(computed + n) - len(hits)
             if need > self.pool.num_free - self.pool.num_evictable_among(hits):
@@ -96,7 +109,10 @@ class AdmissionMixin:
                 continue
             self.waiting.popleft()
             self.pool.touch(hits)
-            req.block_ids = hits + self.pool.allocate(need)
+            fresh = self.pool.allocate(need)
+            if host_hits:  # loaded into its first fresh blocks; its forward reads them
+                tier.plan_load(plan, req, host_hits, fresh[: len(host_hits)])
+            req.block_ids = hits + fresh
             req.num_computed = computed
             req.num_cached_blocks = len(hits)
             if not req.num_output:  # first admission (not a retraction's re-admission)
@@ -115,3 +131,15 @@ class AdmissionMixin:
             row_reqs.append(req)
             budget -= n
         return budget
+
+    def _restore(self, plan: ExecutionPlan, req: Request) -> bool:
+        """Plan the restore of a retracted request's image into fresh blocks and a free
+        slot; it runs again once the restore is acknowledged. False: not yet."""
+        if not self.host_tier.restore_ready(req) or req.image.num_pages > self.pool.num_free:
+            return False
+        self.waiting.popleft()
+        req.block_ids = self.pool.allocate(req.image.num_pages)
+        req.slot = self._free_slots.pop()
+        req.status = Status.RESTORING
+        self.host_tier.plan_restore(plan, req, req.block_ids)
+        return True

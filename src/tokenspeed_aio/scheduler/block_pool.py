@@ -35,6 +35,10 @@ class BlockPool:
         self._num_active = 0
         self._cache: dict[int, int] = {}  # block hash -> block id
         self.events = KVEventLog()
+        # The host tier's feeds (None while it is off): blocks published since it last
+        # took them (write_through), and (block, key) of blocks evicted (write_back).
+        self.published: list[int] | None = None
+        self.evicted: list[tuple[int, tuple[int, int | None, tuple[int, ...]]]] | None = None
 
     # -- sizes --------------------------------------------------------------
     @property
@@ -122,8 +126,20 @@ class BlockPool:
         self._hash[block] = key
         self._cached_key[block] = (parent, tokens)
         self.events.stored(key, parent, tokens)
+        if self.published is not None:
+            self.published.append(block)
+
+    def key_of(self, block: int) -> tuple[int, int | None, tuple[int, ...]] | None:
+        """(hash, parent hash, tokens) of a cached block, or None."""
+        key = self._hash[block]
+        if key is None:
+            return None
+        parent, tokens = self._cached_key[block]
+        return key, parent, tokens
 
     def _evict(self, block: int, key: int) -> None:
+        if self.evicted is not None:
+            self.evicted.append((block, (key, *self._cached_key[block])))
         del self._cache[key]
         self._hash[block] = None
         self._cached_key[block] = None

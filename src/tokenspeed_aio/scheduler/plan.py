@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.scheduler.cache_ops import CachePlan
 from tokenspeed_aio.wire.messages import TokenLogprobs
 
 
@@ -108,9 +109,27 @@ class ExecutionPlan:
     # Summaries the scheduler keeps while it builds the rows (each read every round):
     num_tokens: int = 0  # sum of the rows' num_tokens
     has_grammar: bool = False  # some sampling row carries a grammar matcher
+    # Copies between the device pool and the host tiers (scheduler/cache_ops.py); None when
+    # the plan has none, which is every plan with the host tier off.
+    cache: CachePlan | None = None
+    # Device-to-device block copies (src, dst) and blocks to zero before the batch runs,
+    # submitted between the host-bound stores and the device-bound loads (DeviceHandle.
+    # execute states the order). A plan makes neither today; they are the contract for a
+    # private copy of a shared block and for a new owner's sanitization.
+    pages_to_copy: tuple[tuple[int, int], ...] = ()
+    pages_to_zero: tuple[int, ...] = ()
 
     def needs_device(self) -> bool:
-        return bool(self.rows or self.remote_prefill or self.remote_decode)
+        """Anything for the data plane: a batch, a cache op, a device block copy, a remote
+        stream."""
+        return bool(
+            self.rows
+            or self.cache
+            or self.pages_to_copy
+            or self.pages_to_zero
+            or self.remote_prefill
+            or self.remote_decode
+        )
 
     @property
     def sample_rows(self) -> list[ScheduledRow]:

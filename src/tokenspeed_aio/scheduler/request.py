@@ -17,6 +17,7 @@ from tokenspeed_aio.wire.messages import Bootstrap
 class Status(enum.Enum):
     WAITING = "waiting"  # submitted or retracted: holds no blocks, no slot
     RUNNING = "running"  # resident: holds blocks and a slot
+    RESTORING = "restoring"  # holds blocks and a slot its retraction image is copied into
     # Prefill/decode disaggregation: holds its pages (and on a decode engine its slot) and
     # is planned no forward while its KV transfer runs or retires (scheduler/transfers.py)
     TRANSFERRING = "transferring"
@@ -29,6 +30,7 @@ class Request:
         "block_ids",
         "bootstrap",
         "grammar",
+        "image",
         "max_output",
         "num_blocks_sent",
         "num_cached_blocks",
@@ -86,6 +88,9 @@ class Request:
         # advanced by the commit, read by the data plane to mask the next token.
         self.grammar = None
         self.sampled_on_slot = False  # the slot's device state holds this request's last token
+        # Its retraction image (host_tier.RetractionImage) while it waits to be restored,
+        # and until the restore landed; None otherwise.
+        self.image = None
         # The KV transfer room of a disaggregated request while its transfer is tracked:
         # a prefill engine sends its prompt's KV out, a decode engine receives it. None
         # for a plain request, and once the transfer ended (a landed request decodes as

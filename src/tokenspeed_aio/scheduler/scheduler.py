@@ -1,9 +1,14 @@
 """The scheduler: admission, chunked prefill, continuous batching, retraction.
 
 Pure Python (no torch). The event loop drives it at fixed points of each round:
-``submit`` (admission), ``advance_head`` (aborts), ``next_execution_plan`` (plan),
-``advance`` (the tail: committed forwards and finished requests), and
-``drain_kv_events`` once after the round's last mutation.
+``submit`` (admission), ``advance_head`` (acknowledged cache ops, aborts),
+``next_execution_plan`` (plan), ``advance`` (the tail: committed forwards and finished
+requests), and ``drain_kv_events`` once after the round's last mutation.
+
+With the host tier on (``SchedulerConfig.host``, host_tier.py) a plan also carries cache
+ops: L2 write-backs and load-backs, and retraction images -- a capacity retraction's
+victim is imaged (stored to the host tiers and restored later, without recompute) when its
+image fits, and recomputes from the waiting queue when it does not.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 
 from tokenspeed_aio.scheduler.admission import AdmissionMixin, SubmissionRejected
 from tokenspeed_aio.scheduler.block_pool import BlockPool
+from tokenspeed_aio.scheduler.host_tier import HostTier, HostTierConfig, RetractionImage
 from tokenspeed_aio.scheduler.kv_events import KVEvent
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
@@ -29,9 +35,9 @@ from tokenspeed_aio.scheduler.prefix_cache import publish_full_blocks
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.rows import schedule_row
 from tokenspeed_aio.scheduler.transfers import ROLES, TransferMixin
-from tokenspeed_aio.wire.messages import Load
+from tokenspeed_aio.wire.messages import CacheLoad, Load
 
-__all__ = ["Scheduler", "SchedulerConfig", "SubmissionRejected"]
+__all__ = ["HostTierConfig", "Scheduler", "SchedulerConfig", "SubmissionRejected"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class SchedulerConfig:
     max_model_len: int
     enable_prefix_caching: bool = True
     role: str = "plain"  # prefill / decode: one side of a disaggregated deployment
+    host: HostTierConfig | None = None  # the L2 host pool and snapshot pool; None: off
 
 
 class Scheduler(AdmissionMixin, TransferMixin):
@@ -53,6 +60,11 @@ class Scheduler(AdmissionMixin, TransferMixin):
         self.role = config.role
         self.page_size = config.page_size
         self.pool = BlockPool(config.num_blocks, config.page_size, config.enable_prefix_caching)
+        self.host_tier = (
+            HostTier(config.host, self.pool, config.page_size, config.enable_prefix_caching)
+            if config.host is not None
+            else None
+        )
         self.requests: dict[str, Request] = {}  # every request held, finished ones included
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
@@ -69,21 +81,46 @@ class Scheduler(AdmissionMixin, TransferMixin):
         return rid in self.requests
 
     # -- head ---------------------------------------------------------------
-    def advance_head(self, aborted: Iterable[str]) -> None:
-        """Apply what must be known before planning: requests the clients aborted (one
-        whose transfer is tracked only parks until the transfer retired)."""
+    def advance_head(self, aborted: Iterable[str], acknowledged: Iterable[int] = ()) -> None:
+        """Apply what must be known before planning: the cache ops every rank of the
+        replica acknowledged (a landed restore makes its request schedulable), then the
+        requests the clients aborted (one whose transfer is tracked only parks until the
+        transfer retired)."""
+        if self.host_tier is not None:
+            for req, image in self.host_tier.acknowledged(acknowledged):
+                self._restored(req, image)
         for rid in aborted:
             req = self.requests.get(rid)
             if req is not None and req.status is not Status.FINISHED:
                 self._end(req)
 
+    def _restored(self, req: Request, image: RetractionImage) -> None:
+        req.image = None
+        if req.status is Status.FINISHED:  # ended while its restore was in flight
+            self.pool.free(req.block_ids)
+            self._free_slots.append(req.slot)
+            req.block_ids = []
+            if req.num_inflight == 0:
+                del self.requests[req.rid]
+            return
+        req.status = Status.RUNNING
+        req.num_computed = image.num_computed
+        req.sampled_on_slot = image.sampled_on_slot
+        req.num_blocks_sent = 0
+        req.num_cached_blocks = 0
+        self.running.append(req)
+        publish_full_blocks(self.pool, req)
+
     # -- plan ---------------------------------------------------------------
     def next_execution_plan(self, allow_forward: bool = True) -> ExecutionPlan:
         """The round's plan. ``allow_forward=False`` (a frozen round: a keep pause, memory
-        released) plans no forward: only cache and storage work, of which this scheduler has
-        none yet, so the plan is empty."""
+        released) plans no forward: only cache work -- the write-backs already due; no rows,
+        no admission, no retraction."""
         plan = ExecutionPlan(plan_id=self._next_plan_id)
         self._next_plan_id += 1
+        tier = self.host_tier
+        if tier is not None:
+            tier.begin_plan(plan)
         if not allow_forward:
             return plan
         budget = self.config.max_num_batched_tokens
@@ -126,6 +163,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
         if self.role == "prefill":
             self._note_handoffs(plan, prefills, prefill_reqs, len(decodes))
         self._plan_transfers(plan)
+        if tier is not None:
+            tier.end_plan(plan)
         plan.rows = decodes + prefills
         plan.num_tokens = self.config.max_num_batched_tokens - budget
         if plan.num_tokens:  # iteration counts for the load report (metrics)
@@ -151,7 +190,7 @@ class Scheduler(AdmissionMixin, TransferMixin):
                     # Its known tokens outgrew the pool: retracted, it could never return.
                     self._abort_oversize(victim, victim.num_tokens, plan)
                 else:
-                    self._retract(victim)
+                    self._retract(victim, plan)
                     plan.num_retracted += 1
                     self.num_retractions += 1
                 if victim is req:
@@ -172,10 +211,14 @@ class Scheduler(AdmissionMixin, TransferMixin):
             )
         )
 
-    def _retract(self, req: Request) -> None:
-        """Give back a resident's blocks and slot; it recomputes from the waiting queue."""
+    def _retract(self, req: Request, plan: ExecutionPlan) -> None:
+        """Give back a resident's blocks and slot. With the host tier, its image is stored
+        first when it fits (the plan's stores read the pages before anything re-grants
+        them); otherwise it recomputes from the waiting queue."""
         self.running.remove(req)
         publish_full_blocks(self.pool, req)
+        if self.host_tier is not None and req.room is None:  # a PD transfer's pages stay
+            self.host_tier.try_image(plan, req)
         self.pool.free(req.block_ids)
         self._free_slots.append(req.slot)
         req.slot = -1
@@ -210,7 +253,7 @@ class Scheduler(AdmissionMixin, TransferMixin):
     def _committed(self, event: ForwardCommitted) -> None:
         entry = self._inflight.pop(event.plan_id, None)
         if entry is None:
-            return  # a plan of remote streams only: no row to commit
+            return  # a plan without rows (cache work, remote streams): nothing to commit
         reqs, rows = entry
         tokens = iter(event.tokens)
         # Status members read once: an enum attribute read costs as much as the rest of
@@ -231,7 +274,7 @@ class Scheduler(AdmissionMixin, TransferMixin):
                     if len(token_ids) % page == 0 and status is running:
                         publish_full_blocks(self.pool, req)
                     continue
-            if status is finished and req.num_inflight == 0:
+            if status is finished and req.num_inflight == 0 and req.image is None:
                 del self.requests[req.rid]
         if self._handoffs:
             self._hand_off(event)
@@ -257,6 +300,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
             req.block_ids = []
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
+            if req.image is not None:
+                self.host_tier.discard(req)
         elif req.status is Status.TRANSFERRING:  # its pages and slot, if any
             self._unqueue(req)
             self.pool.free(req.block_ids)
@@ -264,17 +309,25 @@ class Scheduler(AdmissionMixin, TransferMixin):
             if req.slot >= 0:
                 self._free_slots.append(req.slot)
                 req.slot = -1
+        # RESTORING: its blocks and slot stay with the restore until it lands (_restored)
         req.status = Status.FINISHED
-        if req.num_inflight == 0:
+        if req.num_inflight == 0 and req.image is None:
             del self.requests[req.rid]
 
     # -- the prefix cache, as control operations see it ------------------------------
     def can_clear_cache(self) -> bool:
-        """Whether a flush may run now (non-mutating): no request holds a KV block."""
-        return self.pool.num_active == 0
+        """Whether a flush may run now (non-mutating): no request holds a KV block, and
+        with the host tier no cache op is open and no retraction image is held."""
+        tier = self.host_tier
+        return self.pool.num_active == 0 and (tier is None or tier.idle())
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cached prefix (an AllBlocksCleared event); False while blocks are held."""
+        """Drop every cached prefix, in both tiers (one AllBlocksCleared event); False while
+        blocks are held."""
+        if not self.can_clear_cache():
+            return False
+        if self.host_tier is not None:
+            self.host_tier.host.clear()
         return self.pool.reset_prefix_cache()
 
     def cached_block_hashes(self) -> set[int]:
@@ -286,6 +339,18 @@ class Scheduler(AdmissionMixin, TransferMixin):
         return self.pool.events.drain()
 
     def load(self) -> Load:
+        tier = self.host_tier
+        cache = None
+        if tier is not None:
+            host = tier.host
+            cache = CacheLoad(
+                host_total_blocks=host.num_blocks,
+                host_resident_blocks=host.num_resident,
+                host_active_blocks=host.num_active,
+                l2_hit_tokens=tier.stats.l2_hit_tokens,
+                images=tier.stats.images,
+                restores=tier.stats.restores,
+            )
         return Load(
             running=len(self.running),
             waiting=len(self.waiting),
@@ -294,11 +359,25 @@ class Scheduler(AdmissionMixin, TransferMixin):
             total_blocks=self.pool.num_usable,
             forward_rounds=self.forward_rounds,
             forward_tokens=self.forward_tokens,
+            num_preemptions=self.num_retractions,
+            cache=cache,
         )
 
     def has_work(self) -> bool:
-        """Anything to plan: a request to run or a forward to commit."""
-        return bool(self.running or self.waiting or self._inflight or self._transfers_pending())
+        """Anything to plan: a request to run, a forward to commit, a transfer, a cache op
+        to land or a write-back to plan."""
+        tier = self.host_tier
+        return bool(
+            self.running
+            or self.waiting
+            or self._inflight
+            or self._transfers_pending()
+            or (tier is not None and tier.has_work())
+        )
+
+    def has_cache_work(self) -> bool:
+        """A host-tier cache op to land or a write-back to plan."""
+        return self.host_tier is not None and self.host_tier.has_work()
 
     def check_idle(self) -> None:
         """Leak check: no request, slot, block or in-flight forward is held."""
@@ -310,6 +389,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
             )
         if len(self._free_slots) != self.config.max_num_seqs:
             raise AssertionError(f"slot leak: {len(self._free_slots)} free slots")
+        if self.host_tier is not None:
+            self.host_tier.check_idle()
         self.pool.check_idle()
 
     def _blocks_for(self, num_tokens: int) -> int:

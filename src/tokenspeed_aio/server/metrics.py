@@ -9,6 +9,7 @@ return to idle as soon as the engine reports a cancelled request gone.
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import psutil
 from aioprometheus import Counter, Gauge, Histogram, Registry, render
@@ -79,6 +80,7 @@ class ServerMetrics:
         self.jit_seconds = gauge(
             "jit_serving_compile_seconds", "Seconds those serving-time compilations took."
         )
+        self.cache = CacheMetrics(counter, gauge)
         # Prefill/decode disaggregation, by role: a prefill engine times each send (its
         # writes, until every one was acknowledged), a decode engine each receive (from
         # advertising its landing pages to the KV and first token landing).
@@ -153,6 +155,7 @@ class ServerMetrics:
         self.total_blocks.set(NO_LABELS, sum(x.total_blocks for x in loads))
         self.jit_compiles.set(NO_LABELS, sum(x.jit_compiles for x in loads))
         self.jit_seconds.set(NO_LABELS, sum(x.jit_compile_seconds for x in loads))
+        self.cache.refresh(loads)
         self.pd_in_flight.set(NO_LABELS, sum(x.pd_in_flight for x in loads))
         self.pd_unclaimed.set(NO_LABELS, sum(x.pd_unclaimed_rooms for x in loads))
         self.pd_quarantined.set(NO_LABELS, sum(x.pd_quarantined_pages for x in loads))
@@ -177,6 +180,53 @@ class ServerMetrics:
             except psutil.Error:  # exited between the listing and the read
                 continue
         self.rank_rss.set(NO_LABELS, ranks)
+
+
+class CacheMetrics:
+    """The host KV tiers and preemptions, from the replicas' load reports: totals since
+    start are set from the reports' running counts (each replica's rank keeps them)."""
+
+    # metric suffix -> (CacheLoad field, help)
+    COUNTERS: ClassVar[dict[str, tuple[str, str]]] = {
+        "l2_hit_tokens_total": ("l2_hit_tokens", "Prompt tokens loaded back from the L2 tier."),
+        "l2_load_backs_total": ("load_backs", "L2 load-backs acknowledged."),
+        "l2_load_back_bytes_total": ("load_back_bytes", "Bytes loaded back from L2."),
+        "l2_load_back_seconds_total": (
+            "load_back_seconds",
+            "Load-back latency (dispatch to acknowledgment), summed over load-backs.",
+        ),
+        "l2_write_backs_total": ("write_backs", "L2 write-backs acknowledged."),
+        "l2_write_back_bytes_total": ("write_back_bytes", "Bytes written back to L2."),
+        "l2_write_back_seconds_total": (
+            "write_back_seconds",
+            "Write-back latency (dispatch to acknowledgment), summed over write-backs.",
+        ),
+        "retraction_images_total": ("images", "Retraction victims stored to the host tiers."),
+        "retraction_restores_total": ("restores", "Retraction images restored into a slot."),
+    }
+    GAUGES: ClassVar[dict[str, tuple[str, str]]] = {
+        "l2_blocks_total": ("host_total_blocks", "Blocks of the L2 host KV pools."),
+        "l2_blocks_resident": ("host_resident_blocks", "L2 host blocks holding a KV block."),
+        "l2_blocks_active": (
+            "host_active_blocks",
+            "L2 host blocks referenced by a cache op in flight or a retraction image.",
+        ),
+    }
+
+    def __init__(self, counter, gauge) -> None:
+        self.preemptions = counter(
+            "num_preemptions_total", "Requests retracted for KV capacity (imaged or recomputed)."
+        )
+        self.counters = {k: (counter(k, h), f) for k, (f, h) in self.COUNTERS.items()}
+        self.gauges = {k: (gauge(k, h), f) for k, (f, h) in self.GAUGES.items()}
+
+    def refresh(self, loads) -> None:
+        self.preemptions.set(NO_LABELS, sum(x.num_preemptions for x in loads))
+        caches = [x.cache for x in loads if x.cache is not None]
+        if not caches:
+            return
+        for metric, name in (*self.counters.values(), *self.gauges.values()):
+            metric.set(NO_LABELS, sum(getattr(c, name) for c in caches))
 
 
 class SequenceStats:

@@ -12,7 +12,7 @@ import msgspec
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.control import ControlCall, ControlReply
 
-WIRE_VERSION = 5
+WIRE_VERSION = 6
 
 
 # -- frontend -> engine -------------------------------------------------------
@@ -59,6 +59,26 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     top: list[tuple[int, float]]
 
 
+class CacheLoad(msgspec.Struct, array_like=True, frozen=True):
+    """The host KV tiers (L2 host pool, snapshot pool) of a replica: the pool's state now,
+    and counts since start. The scheduler fills the pool and its own counts; the bytes and
+    latencies (a cache op's dispatch to its replica-agreed ACK) are the control plane's
+    cache-op subsystem's, filled in before the report is sent."""
+
+    host_total_blocks: int
+    host_resident_blocks: int  # holding (or being written with) a block
+    host_active_blocks: int  # referenced by an open cache op or a retraction image
+    l2_hit_tokens: int = 0  # prompt tokens admitted from L2 (loaded back, not computed)
+    images: int = 0  # retraction victims imaged (stored, restored later)
+    restores: int = 0  # images restored into a slot
+    load_backs: int = 0  # acknowledged L2 load-backs
+    load_back_bytes: int = 0
+    load_back_seconds: float = 0.0  # summed over those load-backs
+    write_backs: int = 0  # acknowledged L2 write-backs
+    write_back_bytes: int = 0
+    write_back_seconds: float = 0.0
+
+
 class Load(msgspec.Struct, array_like=True, frozen=True):
     """The scheduler's load, sent with every output batch and as the idle heartbeat; the
     JIT counts are the data plane's, filled in by the load reporter."""
@@ -77,6 +97,8 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
     pd_quarantined_pages: int = 0
     forward_rounds: int = 0  # rounds that forwarded a batch, since start (cumulative)
     forward_tokens: int = 0  # tokens those rounds forwarded (prefill + decode, cumulative)
+    num_preemptions: int = 0  # capacity retractions since start (imaged or recomputed)
+    cache: CacheLoad | None = None  # None: the host tier is off
 
 
 class TransferRecord(msgspec.Struct, array_like=True, frozen=True):

@@ -70,7 +70,10 @@ class Attention(nn.Module):
         qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
         """q [n, Hq * D], k/v [n, Hkv * D] -> [n, Hq * D]; ``qk_norm`` norms q and k per
-        head, then ``rope`` rotates them (the backend's contract)."""
+        head, then ``rope`` rotates them (the backend's contract). With load-backs landing,
+        the layer first waits for its own layer of them (new k/v go to other blocks)."""
+        if ctx.layer_fences is not None:
+            ctx.layer_fences.wait(self.layer_idx)
         if qkv.k is None:
             return ctx.backend.attend(qkv.q, self.layer_idx, ctx)
         return ctx.backend.forward(qkv.q, qkv.k, qkv.v, self.layer_idx, ctx, rope, qk_norm)

@@ -89,6 +89,15 @@ class HostRows(NamedTuple):
         )
 
 
+class SavedSlot(NamedTuple):
+    """One slot's sampling settings as a retraction snapshot keeps them."""
+
+    f32: np.ndarray  # the float table's row
+    i64: np.ndarray  # the int table's row (seed, top-k, min_tokens, logprobs, banned ids)
+    pending_penalty: tuple[np.ndarray, np.ndarray] | None  # penalty rows not rebuilt yet
+    device_penalty: bool  # its device penalty rows (counts, prompt mask) hold its state
+
+
 class SamplingState:
     """Sampling settings and penalty state of every slot, on the host and the device."""
 
@@ -160,6 +169,32 @@ class SamplingState:
                 np.asarray(prompt_token_ids, np.int64),
                 np.asarray(output_token_ids, np.int64),
             )
+        else:
+            self._penalty_rows.pop(slot, None)
+
+    def save_slot(self, slot: int) -> SavedSlot:
+        """A copy of the slot's host settings, for a retraction snapshot. Its device penalty
+        rows are current unless a rebuild is still due (``pending_penalty``); the caller
+        copies them when ``device_penalty`` says so."""
+        pending = self._penalty_rows.get(slot)
+        f32 = self._host_f32[slot].copy()
+        penalized = bool(f32[_REPETITION] != 1.0 or f32[_FREQUENCY] != 0.0 or f32[_PRESENCE] != 0.0)
+        return SavedSlot(
+            f32,
+            self._host_i64[slot].copy(),
+            pending,
+            device_penalty=penalized and pending is None and self.output_counts is not None,
+        )
+
+    def load_slot(self, slot: int, saved: SavedSlot) -> None:
+        """Give ``slot`` a restored owner's settings (its device penalty rows, when saved,
+        are copied by the caller)."""
+        self._host_f32[slot] = saved.f32
+        self._host_i64[slot] = saved.i64
+        self._dirty.add(slot)
+        if saved.pending_penalty is not None:
+            self._ensure_penalty_state()
+            self._penalty_rows[slot] = saved.pending_penalty
         else:
             self._penalty_rows.pop(slot, None)
 
