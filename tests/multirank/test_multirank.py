@@ -39,6 +39,35 @@ async def test_tp2_matches_transformers(ckpt, kv_heads):
         assert out.token_ids == hf_greedy(str(path), tuple(ids), 8)[0], len(ids)
 
 
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+async def test_tp2_with_l2_matches_transformers(ckpt, policy):
+    """Both ranks of the replica image, restore and load back the same blocks, agreeing on
+    every acknowledgment: the tokens equal transformers', twice over the same prompts (the
+    second pass loads evicted prefixes back from L2)."""
+    path = ckpt("qwen3", num_key_value_heads=2)
+    prompts = parity_prompts()
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    args = EngineArgs(
+        model=str(path),
+        tp=2,
+        max_model_len=512,
+        page_size=4,
+        num_kv_blocks=80,
+        max_num_seqs=16,
+        kvstore_ratio=4.0,
+        kvstore_write_policy=policy,
+    )
+    async with await AsyncEngine.start(args) as engine:
+        for _ in range(2):
+            outs = await run_all(engine, prompts, params)
+            for ids, out in zip(prompts, outs):
+                assert out.token_ids == hf_greedy(str(path), tuple(ids), 12)[0], len(ids)
+        await engine.check_idle()
+        load = engine.frontend.loads[0][0]
+    assert load.num_preemptions > 0 and load.cache.restores > 0, load
+    assert load.cache.load_backs > 0 and load.cache.l2_hit_tokens > 0, load
+
+
 async def test_dp2_serves_on_both_replicas(ckpt):
     path = ckpt("llama")
     prompts = parity_prompts(seed=5)
@@ -125,23 +154,26 @@ def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
 def _wait_for_ranks(
     server: subprocess.Popen, port: int, n: int, timeout: float
 ) -> list[psutil.Process]:
-    """The server's rank processes, once it answers on its port."""
+    """The server's rank processes, once it serves (/health answers 200; the port itself is
+    bound before the model loads)."""
     deadline = time.monotonic() + timeout
     parent = psutil.Process(server.pid)
     while time.monotonic() < deadline:
         ranks = [p for p in parent.children() if "rank_process" in " ".join(p.cmdline())]
-        if len(ranks) == n and _port_open(port):
+        if len(ranks) == n and _healthy(port):
             return ranks
         assert server.poll() is None, "the server exited during startup"
         time.sleep(0.2)
     raise AssertionError("the ranks did not start")
 
 
-def _port_open(port: int) -> bool:
-    import socket
+def _healthy(port: int) -> bool:
+    import httpx
 
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def _free_port() -> int:
