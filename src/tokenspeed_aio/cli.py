@@ -10,6 +10,15 @@ from tokenspeed_aio.args import add_engine_flags, engine_args_from
 from tokenspeed_aio.server.flags import add_server_flags
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each flag's default, except where its help already says what it is."""
+
+    def _get_help_string(self, action):
+        if "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tokenspeed_aio")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -17,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="run the OpenAI-compatible HTTP server",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     serve.add_argument("model_pos", nargs="?", metavar="MODEL", help="same as --model")
     add_server_flags(serve)

@@ -68,10 +68,12 @@ def test_disable_log_requests_and_help_shows_every_default():
     ns = build_parser().parse_args(["serve", "--disable-log-requests"])
     assert ns.disable_log_requests
     out = run("--help").stdout
-    for flag, default in [("--max-num-seqs", "256"), ("--port", "8000"), ("--page-size", "16"),
-                          ("--generation-config", "auto"), ("--host", "127.0.0.1")]:  # fmt: skip
-        block = out[out.index(f"\n  {flag}") + 3 :].split("\n  --", 1)[0]
-        assert f"(default: {default})" in " ".join(block.split()), flag
+    for flag, default in [("--max-num-seqs", "256 on CPU;"), ("--port", "8000)"),
+                          ("--page-size", "16)"), ("--generation-config", "auto)"),
+                          ("--host", "127.0.0.1)"), ("--max-model-len", "the model's")]:  # fmt: skip
+        block = " ".join(out[out.index(f"\n  {flag}") + 3 :].split("\n  --", 1)[0].split())
+        assert f"(default: {default}" in block, flag
+        assert block.count("(default:") == 1, block  # a flag's own words are never doubled
 
 
 def test_trust_remote_code_is_refused_saying_why():
