@@ -186,8 +186,12 @@ class ForwardThreadDataPlane:
 
     def _build(self, args: tuple[EngineArgs, RankInfo], fut: asyncio.Future) -> None:
         from tokenspeed_aio.data_plane.device import build_device_side
+        from tokenspeed_aio.guards.host_sync import allow_host_sync
 
-        device_build = build_device_side(*args)
+        # Startup waits on the device by design; another engine of this process may be
+        # serving with the (process-wide) sync-debug mode armed.
+        with allow_host_sync():
+            device_build = build_device_side(*args)
         self._handle = device_build.handle
         result = (device_build.specs, device_build.transfer)
         self._loop.call_soon_threadsafe(_resolve, fut, result)
