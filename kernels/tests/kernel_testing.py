@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from tokenspeed_kernels import fp8
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -22,6 +23,11 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     else:
         torch.testing.assert_close(actual.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def assert_close_fp8_product(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """An FP8 GPU product against its fp32 reference (``fp8.product_tolerance``)."""
+    torch.testing.assert_close(actual.float(), expected.float(), **fp8.product_tolerance(expected))
 
 
 def assert_equal_unless_normed_on_gpu(

@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from tokenspeed_kernels import gemv, gemv_rope_kv, skinny_gemm, tuning
+from tokenspeed_kernels import fp8_gemm, gemv, gemv_rope_kv, skinny_gemm, tuning
 
 H200 = "NVIDIA_H200"
 FILES = sorted(tuning.CONFIG_DIR.glob("*/device_name=*.json"))
@@ -31,6 +31,8 @@ def _accessors(device=None) -> dict:
         "gemv_rope_kv": gemv_rope_kv.rope_kv_configs(device),
         "skinny_gemm": skinny_gemm.configs(device),
         "skinny_gemm_silu_mul": skinny_gemm.configs(device, silu_mul=True),
+        "fp8_gemv": gemv.fp8_configs(device),
+        "fp8_gemm": fp8_gemm.configs(device),
     }
 
 

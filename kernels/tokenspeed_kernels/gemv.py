@@ -287,6 +287,14 @@ def configs(
     return tuning.table("gemv_silu_mul" if silu_mul else "gemv", device)
 
 
+def fp8_configs(
+    device: torch.device | None = None,
+) -> Mapping[tuple[int, int, bool, bool], tuple[int, int, int, int]]:
+    """``device``'s (N, K, block, silu_mul) -> (BLOCK_N, BLOCK_K, num_warps, num_stages) of
+    ``gemv`` on an FP8 (e4m3) weight. Empty where not measured."""
+    return tuning.table("fp8_gemv", device)
+
+
 def norm_configs(
     device: torch.device | None = None,
 ) -> Mapping[tuple[int, int, bool], tuple[int, int, int, int, bool]]:

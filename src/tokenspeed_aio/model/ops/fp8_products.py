@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
 
 def _gemv_tiles(w: Fp8Weight, silu_mul: bool, device) -> tuple[int, int, int, int]:
-    from tokenspeed_kernels import gemv, tuning
+    from tokenspeed_kernels import gemv
 
-    config = tuning.table("fp8_gemv", device).get((*w.shape, w.block, silu_mul))
+    config = gemv.fp8_configs(device).get((*w.shape, w.block, silu_mul))
     if config is not None:
         return config
     block_n, block_k, num_warps, num_stages = gemv.DEFAULT
