@@ -18,7 +18,7 @@ from tokenspeed_kernels import fp8
 
 from tokenspeed_aio.model.attention.base import AttentionBackend
 from tokenspeed_aio.model.attention.invariant import invariant_attention
-from tokenspeed_aio.model.forward_context import ForwardContext
+from tokenspeed_aio.model.forward_context import AttentionMetadata, ForwardContext
 from tokenspeed_aio.model.ops.determinism import batch_invariant
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         attn = ctx.attn
         k_cache, v_cache = ctx.k_caches[layer_idx], ctx.v_caches[layer_idx]
-        page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+        num_kv_heads, head_dim = k_cache.shape[2:]
         num_tokens = q.shape[0]
         if qk_norm is not None:
             q_norm, k_norm = qk_norm
@@ -83,43 +83,57 @@ class TorchAttentionBackend(AttentionBackend):
             attn.slot_mapping,
             ctx.layer_kv_scales(layer_idx),
         )
-        device = q.device
+        return paged_attention(q, k_cache, v_cache, attn, ctx.layer_kv_scales(layer_idx))
 
-        # Keys/values of every row at positions [0, max_seq_len), through its block table.
-        key_pos = torch.arange(attn.max_seq_len, device=device)
-        blocks = attn.block_tables[:, key_pos // page_size].long()
-        slots = blocks * page_size + key_pos % page_size  # [B, S]
-        keys = k_cache.flatten(0, 1)[slots].float()  # [B, S, Hkv, D]
-        values = v_cache.flatten(0, 1)[slots].float()
-        if k_cache.dtype == fp8.FP8:
-            k_scale, v_scale = ctx.layer_kv_scales(layer_idx)
-            keys, values = keys * k_scale[:, None], values * v_scale[:, None]
 
-        # Queries padded to [B, max_query_len]; pad rows read some real token, are masked
-        # like any query and never copied back.
-        q_off = torch.arange(attn.max_query_len, device=device)
-        starts = attn.query_start_loc[:-1].long()
-        q_idx = (starts[:, None] + q_off).clamp(max=num_tokens - 1)
-        queries = q.reshape(num_tokens, -1, head_dim)[q_idx].float()  # [B, Q, Hq, D]
-        q_pos = attn.context_lens.long()[:, None] + q_off  # absolute positions [B, Q]
-        mask = (key_pos <= q_pos[:, :, None]) & (key_pos < attn.seq_lens.long()[:, None, None])
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    attn: AttentionMetadata,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """Every row's queries against its keys in the paged cache (the new tokens' already
+    stored): [num_tokens, Hq * D] in q's dtype; the batch-invariant tiles in that mode."""
+    page_size, _, head_dim = k_cache.shape[1:]
+    num_tokens = q.shape[0]
+    device = q.device
 
-        if batch_invariant():
-            out = invariant_attention(queries, keys, values, mask, head_dim**-0.5)
-        else:
-            out = F.scaled_dot_product_attention(
-                queries.transpose(1, 2),
-                keys.transpose(1, 2),
-                values.transpose(1, 2),
-                attn_mask=mask[:, None],
-                scale=head_dim**-0.5,
-                enable_gqa=True,
-            ).transpose(1, 2)  # [B, Q, Hq, D]
+    # Keys/values of every row at positions [0, max_seq_len), through its block table.
+    key_pos = torch.arange(attn.max_seq_len, device=device)
+    blocks = attn.block_tables[:, key_pos // page_size].long()
+    slots = blocks * page_size + key_pos % page_size  # [B, S]
+    keys = k_cache.flatten(0, 1)[slots].float()  # [B, S, Hkv, D]
+    values = v_cache.flatten(0, 1)[slots].float()
+    if k_cache.dtype == fp8.FP8:
+        k_scale, v_scale = kv_scales
+        keys, values = keys * k_scale[:, None], values * v_scale[:, None]
 
-        # Back to token order: token t is query (t - starts[row]) of the row holding it.
-        # Tokens past the last row (CUDA-graph padding) land on the last row; never read.
-        token = torch.arange(num_tokens, device=device, dtype=attn.query_start_loc.dtype)
-        row = torch.searchsorted(attn.query_start_loc[1:], token, right=True)
-        row = row.clamp(max=attn.num_rows - 1)
-        offset = (token.long() - starts[row]).clamp(0, attn.max_query_len - 1)
-        return out[row, offset].to(q.dtype).flatten(1)
+    # Queries padded to [B, max_query_len]; pad rows read some real token, are masked
+    # like any query and never copied back.
+    q_off = torch.arange(attn.max_query_len, device=device)
+    starts = attn.query_start_loc[:-1].long()
+    q_idx = (starts[:, None] + q_off).clamp(max=num_tokens - 1)
+    queries = q.reshape(num_tokens, -1, head_dim)[q_idx].float()  # [B, Q, Hq, D]
+    q_pos = attn.context_lens.long()[:, None] + q_off  # absolute positions [B, Q]
+    mask = (key_pos <= q_pos[:, :, None]) & (key_pos < attn.seq_lens.long()[:, None, None])
+
+    if batch_invariant():
+        out = invariant_attention(queries, keys, values, mask, head_dim**-0.5)
+    else:
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=mask[:, None],
+            scale=head_dim**-0.5,
+            enable_gqa=True,
+        ).transpose(1, 2)  # [B, Q, Hq, D]
+
+    # Back to token order: token t is query (t - starts[row]) of the row holding it.
+    # Tokens past the last row (CUDA-graph padding) land on the last row; never read.
+    token = torch.arange(num_tokens, device=device, dtype=attn.query_start_loc.dtype)
+    row = torch.searchsorted(attn.query_start_loc[1:], token, right=True)
+    row = row.clamp(max=attn.num_rows - 1)
+    offset = (token.long() - starts[row]).clamp(0, attn.max_query_len - 1)
+    return out[row, offset].to(q.dtype).flatten(1)

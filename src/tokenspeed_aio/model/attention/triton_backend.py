@@ -37,6 +37,7 @@ from tokenspeed_aio.model.attention.kv_store import (
     joint_qk_norm,
     rotates_whole_heads,
 )
+from tokenspeed_aio.model.attention.torch_backend import paged_attention
 from tokenspeed_aio.model.ops.determinism import batch_invariant
 
 if TYPE_CHECKING:
@@ -98,7 +99,8 @@ class TritonAttentionBackend(StoredKVBackend):
     ) -> torch.Tensor:
         num_kv_heads, head_dim = ctx.k_caches[layer_idx].shape[2:]
         norm = None if qk_norm is None else joint_qk_norm(qk_norm)
-        if not (
+        # Batch-invariant mode stores every new token one way, decode-only forward or not.
+        if batch_invariant() or not (
             ctx.attn.is_decode_only
             and rotates_whole_heads(rope, head_dim)
             and folds_new_token(head_dim)
@@ -159,6 +161,12 @@ class TritonAttentionBackend(StoredKVBackend):
             )
         if attn.is_decode_only:
             real_tokens = decodes
+        elif batch_invariant():
+            # The extend kernel splits a prompt's keys where the prefix cache or the last
+            # chunk ended; the invariant path tiles them from position 0 wherever that is.
+            real_tokens = sum(attn.query_lens_host)
+            extended = paged_attention(q, k_cache, v_cache, attn, ctx.layer_kv_scales(layer_idx))
+            out[decodes:real_tokens] = extended[decodes:real_tokens].view(-1, *out.shape[1:])
         else:
             extend_attention(
                 q3,
