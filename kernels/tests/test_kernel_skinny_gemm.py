@@ -59,8 +59,14 @@ def test_silu_mul_is_the_product_then_the_activation(dtype, m, config):
     x, weight, _ = _operands(m, 2 * 88, 300, dtype, seed=5)
     y = skinny_gemm(x, weight, config=config, silu_mul=True)
     assert y.shape == (m, 88) and y.dtype == dtype
-    # The same values as the product (this kernel, same tiles) followed by the activation.
-    assert torch.equal(y, silu_and_mul(skinny_gemm(x, weight, config=config)))
+    # The same values as the product (this kernel, same tiles) followed by the activation:
+    # bit for bit on a GPU; on CPU the interpreter's numpy exp need not round alike for
+    # arrays of different shapes (measured: one ulp on an AMD EPYC).
+    unfused = silu_and_mul(skinny_gemm(x, weight, config=config))
+    if y.is_cuda:
+        assert torch.equal(y, unfused)
+    else:
+        torch.testing.assert_close(y, unfused, rtol=1e-6, atol=1e-6)
     assert_close(y, silu_and_mul(F.linear(x, weight)))
 
 

@@ -38,19 +38,19 @@ def fp8_checkpoint(checkpoint, tmp_path_factory):
     return get
 
 
-def _prompts(vocab):
-    gen = torch.Generator().manual_seed(0)
+def _prompts(vocab, seed=0):
+    gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in LENS]
 
 
-def _engine_logits(path, quantization=None, steps=3):
+def _engine_logits(path, quantization=None, steps=3, seed=0):
     config = ModelConfig.from_pretrained(path)
     model = load_model(
         config, str(path), dtype=torch.float32, device=torch.device("cpu"),
         quantization=quantization,
     )  # fmt: skip
     runner = PagedRunner(model, config)
-    seqs = _prompts(config.vocab_size)
+    seqs = _prompts(config.vocab_size, seed)
     prefill = runner.forward(list(enumerate(seqs)))
     tokens = prefill[torch.tensor(LENS).cumsum(0) - 1].argmax(-1).tolist()
     decodes = []
@@ -89,7 +89,9 @@ def test_qwen3_block_checkpoint_matches_its_reference(fp8_checkpoint):
 
 def test_online_quantization_of_a_16_bit_checkpoint(checkpoint):
     path = checkpoint("llama3")
-    model, seqs, prefill, decodes = _engine_logits(path, online_config("fp8"))
+    # Prompts whose activations sit clear of an e4m3 rounding boundary (the RTOL note): with
+    # seed 0, on some x86 CPUs one input crosses one and a decode step's logits move by 0.3.
+    model, seqs, prefill, decodes = _engine_logits(path, online_config("fp8"), seed=1)
     down = model.model.layers[1].mlp.down_proj
     assert down.weight.dtype == fp8.FP8 and down.weight_scale.shape == (down.weight.shape[0],)
     _check_against(fake_quant_reference(path), seqs, prefill, decodes)
