@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from tokenspeed_aio.scheduler.cache_ops import CancelOp, StorageOp
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
+from tokenspeed_aio.wire.messages import Load
 
 # A report as it travels: (clock, queue depth, [(op id, ok, value, error, seconds)]).
 WireReport = tuple[float, int, list[tuple[int, bool, int, str | None, float]]]
@@ -137,6 +140,23 @@ class StorageOps:
             self.stats.add(kind, result)
             agreed.append(result)
         return agreed
+
+    def report(self, load: Load) -> Load:
+        """The load report with the agreed storage counts filled in."""
+        if load.cache is None:
+            return load
+        st = self.stats
+        cache = msgspec.structs.replace(
+            load.cache,
+            l3_get_bytes=st.bytes.get("get", 0),
+            l3_put_bytes=st.bytes.get("put", 0),
+            l3_ops=dict(st.ops),
+            l3_failures=dict(st.failures),
+            l3_seconds=dict(st.seconds),
+            l3_timeouts=st.timeouts,
+            l3_queue_depth=st.queue_depth,
+        )
+        return msgspec.structs.replace(load, cache=cache)
 
     def check_idle(self) -> None:
         if self._open or self._reported:

@@ -77,6 +77,20 @@ class CacheLoad(msgspec.Struct, array_like=True, frozen=True):
     write_backs: int = 0  # acknowledged L2 write-backs
     write_back_bytes: int = 0
     write_back_seconds: float = 0.0
+    # the L3 storage tier (zero without it): the scheduler's counts ...
+    l3_queries: int = 0  # requests whose prefix was queried in the store
+    l3_query_hit_tokens: int = 0  # prompt tokens the store was found holding
+    l3_fetched_tokens: int = 0  # prompt tokens fetched into L2
+    l3_recomputed_tokens: int = 0  # found but not fetched (a failed GET, L2 full)
+    l3_preparing: int = 0  # requests preparing now
+    # ... and the control plane's, from the agreed reports
+    l3_get_bytes: int = 0
+    l3_put_bytes: int = 0
+    l3_ops: dict[str, int] = {}  # by kind: query, get, put
+    l3_failures: dict[str, int] = {}  # by kind (timeouts included)
+    l3_seconds: dict[str, float] = {}  # submission to agreed completion, summed, by kind
+    l3_timeouts: int = 0
+    l3_queue_depth: int = 0  # operations in the worst member's executor now
 
 
 class Load(msgspec.Struct, array_like=True, frozen=True):
