@@ -61,6 +61,7 @@ class SimDataPlane:
         self.plans: list[ExecutionPlan] = []  # every dispatched plan, in order
         self.num_idle_forwards = 0
         self.num_landed = 0  # cache ops acknowledged
+        self.num_storage_deletes = 0
         self.closed = False
         self._queued: deque[tuple[ExecutionPlan, tuple, PendingExecution]] = deque()
 
@@ -105,6 +106,10 @@ class SimDataPlane:
 
     async def idle_forward(self) -> None:
         self.num_idle_forwards += 1
+
+    async def delete_storage(self) -> None:
+        """flush_cache's L3 deletion: counted (no store here)."""
+        self.num_storage_deletes += 1
 
     async def shutdown(self) -> None:
         assert not self._queued, f"shutdown with {len(self._queued)} forwards not run"

@@ -4,7 +4,6 @@ tokens as transformers; a store that stops answering only makes requests recompu
 
 from __future__ import annotations
 
-import pytest
 from helpers.generation import final_outputs
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy

@@ -280,7 +280,7 @@ class EventLoop:
             self.jit,
             replies,
             self.pd.gauges(),
-            self.pd.take_records(),
+            self.pd.take_records() + (self.storage.take_records() if self.storage else []),
         )
         if batch is not None:
             self.relay.send(batch)

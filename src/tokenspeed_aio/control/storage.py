@@ -19,7 +19,7 @@ import msgspec
 
 from tokenspeed_aio.scheduler.cache_ops import CancelOp, StorageOp
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
-from tokenspeed_aio.wire.messages import Load
+from tokenspeed_aio.wire.messages import Load, TransferRecord
 
 # A report as it travels: (clock, queue depth, [(op id, ok, value, error, seconds)]).
 WireReport = tuple[float, int, list[tuple[int, bool, int, str | None, float]]]
@@ -86,6 +86,7 @@ class StorageOps:
         # op id -> the results received so far, one per member
         self._reported: dict[int, dict[int, StorageResult]] = {}
         self._mine: set[int] = set()  # op ids this rank's executor reported already
+        self._records: list[TransferRecord] = []
         self.stats = StorageStats()
 
     @property
@@ -138,8 +139,14 @@ class StorageOps:
             else:
                 result = StorageResult(op_id, True, sum(r.value for r in results), None, seconds)
             self.stats.add(kind, result)
+            self._records.append(_record(kind, result))
             agreed.append(result)
         return agreed
+
+    def take_records(self) -> list[TransferRecord]:
+        """The operations agreed since the last call, for the metrics' histograms."""
+        records, self._records = self._records, []
+        return records
 
     def report(self, load: Load) -> Load:
         """The load report with the agreed storage counts filled in."""
@@ -150,9 +157,7 @@ class StorageOps:
             load.cache,
             l3_get_bytes=st.bytes.get("get", 0),
             l3_put_bytes=st.bytes.get("put", 0),
-            l3_ops=dict(st.ops),
-            l3_failures=dict(st.failures),
-            l3_seconds=dict(st.seconds),
+            l3_failures=sum(st.failures.values()),
             l3_timeouts=st.timeouts,
             l3_queue_depth=st.queue_depth,
         )
@@ -161,3 +166,12 @@ class StorageOps:
     def check_idle(self) -> None:
         if self._open or self._reported:
             raise AssertionError(f"storage ops still open: {sorted(self._open)[:16]}")
+
+
+def _record(kind: str, result: StorageResult) -> TransferRecord:
+    if result.ok:
+        outcome = "ok"
+    else:
+        outcome = {"timed out": "timeout", "cancelled": "cancelled"}.get(result.error, "failed")
+    moved = result.value if result.ok and kind != "query" else 0
+    return TransferRecord(f"l3_{kind}", outcome, moved, result.seconds)

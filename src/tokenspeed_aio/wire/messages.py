@@ -84,11 +84,9 @@ class CacheLoad(msgspec.Struct, array_like=True, frozen=True):
     l3_recomputed_tokens: int = 0  # found but not fetched (a failed GET, L2 full)
     l3_preparing: int = 0  # requests preparing now
     # ... and the control plane's, from the agreed reports
-    l3_get_bytes: int = 0
-    l3_put_bytes: int = 0
-    l3_ops: dict[str, int] = {}  # by kind: query, get, put
-    l3_failures: dict[str, int] = {}  # by kind (timeouts included)
-    l3_seconds: dict[str, float] = {}  # submission to agreed completion, summed, by kind
+    l3_get_bytes: int = 0  # fetched, all ranks
+    l3_put_bytes: int = 0  # published, all ranks
+    l3_failures: int = 0  # operations failed (timeouts included, cancels not)
     l3_timeouts: int = 0
     l3_queue_depth: int = 0  # operations in the worst member's executor now
 
@@ -117,7 +115,9 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
 
 class TransferRecord(msgspec.Struct, array_like=True, frozen=True):
     """One KV transfer that ended, for the metrics: the side that reports it, how it ended
-    (ok | failed | cancelled), the bytes every rank moved and the seconds it took."""
+    (ok | failed | cancelled), the bytes every rank moved and the seconds it took. An L3
+    storage operation is reported the same way, its role ``l3_query``, ``l3_get`` or
+    ``l3_put`` (outcome ok | failed | timeout | cancelled)."""
 
     role: str
     outcome: str
