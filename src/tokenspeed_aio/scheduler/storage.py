@@ -59,7 +59,7 @@ class StorageTierStats:
     query_hit_tokens: int = 0  # prompt tokens the store was found holding
     fetched_tokens: int = 0  # prompt tokens fetched into L2
     recomputed_tokens: int = 0  # found, but not fetched: the GET failed or L2 was full
-    dropped_puts: int = 0  # pages not published: no L2 block could be held
+    dropped_puts: int = 0  # landed pages not published: they landed in a frozen round
 
 
 class StorageTier:
@@ -97,16 +97,21 @@ class StorageTier:
 
     def begin_plan(self, plan: ExecutionPlan, allow_puts: bool) -> None:
         """What the head planned (GETs, CANCELs: sent in every round, frozen ones too, so a
-        drain completes them) and, unless the round is frozen, the PUTs of pages that
-        landed in L2."""
+        drain completes them) and the PUTs of pages that landed in L2 -- which a frozen
+        round drops (counted): nothing is published while the engine stands still."""
         if self._due:
             self._cache(plan).storage.extend(self._due)
             self._due = []
-        if allow_puts and self.landed:
-            self._plan_puts(plan)
+        if not self.landed:
+            return
+        landed = list(self.landed)
+        self.landed.clear()  # the host tier holds this list
+        if allow_puts:
+            self._plan_puts(plan, landed)
+        else:
+            self.stats.dropped_puts += len(landed)
 
-    def _plan_puts(self, plan: ExecutionPlan) -> None:
-        landed, self.landed = self.landed, []
+    def _plan_puts(self, plan: ExecutionPlan, landed: list[int]) -> None:
         keys, blocks = [], []
         for block in landed:
             key = self.host.published_key(block)
@@ -151,6 +156,8 @@ class StorageTier:
         self.stats.query_hit_tokens += found * self.page_size
         for key in op.keys[:found]:
             self._remember(key[0])
+        if result.ok and found < len(op.keys):  # gone from the store (evicted, or a new
+            self._known.pop(op.keys[found][0], None)  # master): publish it again
         keys = []
         for key in op.keys[:found]:
             if self.host.find(key) is not None:
@@ -201,14 +208,14 @@ class StorageTier:
 
     # -- state ---------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self._open or self._due)
+        return bool(self._open or self._due or self.landed)
 
     @property
     def num_open(self) -> int:
         return len(self._open)
 
     def check_idle(self) -> None:
-        if self._open or self._due or self.preparing:
+        if self._open or self._due or self.preparing or self.landed:
             raise AssertionError(
                 f"storage still holds ops={sorted(self._open)[:16]} due={self._due[:8]} "
                 f"preparing={list(self.preparing)[:8]}"

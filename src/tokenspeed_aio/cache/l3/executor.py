@@ -8,7 +8,9 @@ touches the L2 pages only under its operation's lock and only while the operatio
 open -- a PUT copies its pages out before the store call, a GET fetches into its own
 buffer and copies in after -- so an operation that timed out or was cancelled can never
 write a page the scheduler has given to someone else, even if its worker is still stuck
-in the store.
+in the store. After the store failed a call, operations fail at once for RETRY_SECONDS,
+then the next one tries it again: a store that is down costs no request more than one
+failed call, and one that comes back is used again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tokenspeed_aio.cache.l3.backends import StorageBackend
+from tokenspeed_aio.cache.l3.backends import StorageBackend, StorageError
 from tokenspeed_aio.cache.l3.identity import decode_object, encode_object, object_key
 from tokenspeed_aio.control.storage import StorageReport, StorageResult
 from tokenspeed_aio.scheduler.cache_ops import CancelOp, GetOp, PutOp, QueryOp, StorageOp
@@ -29,6 +31,9 @@ from tokenspeed_aio.scheduler.cache_ops import CancelOp, GetOp, PutOp, QueryOp, 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 4
+# After the store failed a call, operations fail at once for this long (no worker waits on
+# a store that is down); the first one after it probes the store again.
+RETRY_SECONDS = 1.0
 
 
 class _Task:
@@ -62,6 +67,7 @@ class L3Executor:
         self._lock = threading.Lock()
         self._open: dict[int, _Task] = {}
         self._done: list[StorageResult] = []
+        self._down_until = 0.0  # monotonic time the store may be tried again
         self._threads = [
             threading.Thread(target=self._worker, name=f"ts-l3-{i}", daemon=True)
             for i in range(workers)
@@ -128,6 +134,9 @@ class L3Executor:
             if task.result is not None:
                 continue  # cancelled or timed out while queued
             op = task.op
+            if time.monotonic() < self._down_until:
+                self._finish(task, StorageResult(op.op_id, False, 0, "store unavailable"))
+                continue
             try:
                 if isinstance(op, QueryOp):
                     result = self._query(op)
@@ -137,6 +146,8 @@ class L3Executor:
                     result = self._put(task, op)
             except Exception as err:  # the store's failure: counted, the request recomputes
                 logger.warning("L3 %s %d failed: %s", op.kind, op.op_id, err)
+                if isinstance(err, StorageError):
+                    self._down_until = time.monotonic() + RETRY_SECONDS
                 result = StorageResult(op.op_id, False, 0, f"{type(err).__name__}: {err}")
             if result is not None:
                 self._finish(task, result)
