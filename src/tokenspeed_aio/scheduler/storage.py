@@ -40,7 +40,7 @@ from tokenspeed_aio.scheduler.plan import ExecutionPlan
 from tokenspeed_aio.scheduler.request import Request, Status
 
 KNOWN_KEYS = 1 << 20  # keys remembered as held by the store (not PUT again)
-PUT_BATCH = 64  # pages per PUT
+PUT_BATCH = 16  # pages per PUT
 
 
 @dataclass(slots=True)
@@ -59,6 +59,7 @@ class StorageTierStats:
     query_hit_tokens: int = 0  # prompt tokens the store was found holding
     fetched_tokens: int = 0  # prompt tokens fetched into L2
     recomputed_tokens: int = 0  # found, but not fetched: the GET failed or L2 was full
+    ended_preparing: int = 0  # requests that ended (aborted) while preparing
     dropped_puts: int = 0  # landed pages not published: they landed in a frozen round
 
 
@@ -202,6 +203,7 @@ class StorageTier:
         prep, req.storage = req.storage, None
         if req.status is Status.PREPARING:
             del self.preparing[req.rid]
+            self.stats.ended_preparing += 1
             if prep.op_id in self._open:  # its op keeps its blocks until it completes
                 self._due.append(CancelOp(prep.op_id))
         self.host.unref(prep.host_blocks)

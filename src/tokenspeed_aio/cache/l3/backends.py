@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,6 +105,34 @@ class FileBackend:
 
     def close(self) -> None:
         return None
+
+
+class SlowBackend:
+    """A backend whose every call waits ``delay`` seconds first: a slow store, for the
+    fault tests (``TOKENSPEED_INJECT_STORAGE_DELAY``)."""
+
+    def __init__(self, inner: StorageBackend, delay: float) -> None:
+        self.inner = inner
+        self.delay = delay
+        self.name = f"{inner.name} (+{delay:g} s per call)"
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        time.sleep(self.delay)
+        return self.inner.exists(keys)
+
+    def get(self, key: str) -> bytes | None:
+        time.sleep(self.delay)
+        return self.inner.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        time.sleep(self.delay)
+        self.inner.put(key, value)
+
+    def delete_namespace(self, namespace: str) -> None:
+        self.inner.delete_namespace(namespace)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 @dataclass(frozen=True)

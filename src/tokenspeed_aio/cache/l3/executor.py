@@ -30,7 +30,10 @@ from tokenspeed_aio.scheduler.cache_ops import CancelOp, GetOp, PutOp, QueryOp, 
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_WORKERS = 4
+# Workers for the QUERYs and GETs a waiting request needs, and apart from them for the
+# PUTs, so publishing never holds up a request's preparation.
+DEFAULT_WORKERS = 3
+PUT_WORKERS = 2
 # After the store failed a call, operations fail at once for this long (no worker waits on
 # a store that is down); the first one after it probes the store again.
 RETRY_SECONDS = 1.0
@@ -63,14 +66,16 @@ class L3Executor:
         self.pages = pages
         self.namespace = namespace
         self.timeout = timeout
-        self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()  # QUERY, GET
+        self._puts: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._open: dict[int, _Task] = {}
         self._done: list[StorageResult] = []
         self._down_until = 0.0  # monotonic time the store may be tried again
         self._threads = [
-            threading.Thread(target=self._worker, name=f"ts-l3-{i}", daemon=True)
-            for i in range(workers)
+            threading.Thread(target=self._worker, args=(q,), name=f"ts-l3-{name}{i}", daemon=True)
+            for q, name, n in ((self._queue, "", workers), (self._puts, "put", PUT_WORKERS))
+            for i in range(n)
         ]
         for thread in self._threads:
             thread.start()
@@ -88,7 +93,7 @@ class L3Executor:
             task = _Task(op, now, self.timeout)
             with self._lock:
                 self._open[op.op_id] = task
-            self._queue.put(task)
+            (self._puts if isinstance(op, PutOp) else self._queue).put(task)
 
     def poll(self) -> StorageReport:
         """What completed since the last poll; operations past their deadline complete
@@ -111,8 +116,9 @@ class L3Executor:
         self.backend.delete_namespace(self.namespace)
 
     def close(self) -> None:
-        for _ in self._threads:
+        for _ in range(len(self._threads)):
             self._queue.put(None)
+            self._puts.put(None)
         for thread in self._threads:
             thread.join(timeout=1.0)  # a worker stuck in the store is a daemon
         self.backend.close()
@@ -129,8 +135,8 @@ class L3Executor:
             self._done.append(task.result)
         return True
 
-    def _worker(self) -> None:
-        while (task := self._queue.get()) is not None:
+    def _worker(self, tasks: queue.SimpleQueue) -> None:
+        while (task := tasks.get()) is not None:
             if task.result is not None:
                 continue  # cancelled or timed out while queued
             op = task.op

@@ -6,19 +6,27 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import os
 import socket
 from pathlib import Path
 
 import torch
 
 from tokenspeed_aio.args import EngineArgs
-from tokenspeed_aio.cache.l3.backends import FileBackend, MooncakeBackend, MooncakeSettings
+from tokenspeed_aio.cache.l3.backends import (
+    FileBackend,
+    MooncakeBackend,
+    MooncakeSettings,
+    SlowBackend,
+)
 from tokenspeed_aio.cache.l3.executor import L3Executor
 from tokenspeed_aio.cache.l3.identity import DeploymentIdentity
 
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+# Fault tests: every store call waits this many seconds first (unset: never)
+STORAGE_DELAY_ENV = "TOKENSPEED_INJECT_STORAGE_DELAY"
 
 
 def weights_identity(args: EngineArgs, dtype: torch.dtype) -> str:
@@ -74,6 +82,9 @@ def build_l3(
         )
         backend = MooncakeBackend(settings)
         where = f"master {master}"
+    delay = os.environ.get(STORAGE_DELAY_ENV)
+    if delay:
+        backend = SlowBackend(backend, float(delay))
     # One row of bytes per host page: the workers see numpy memory, never a tensor.
     pages = host_pages.view(torch.uint8).reshape(host_pages.shape[0], -1).numpy()
     logger.info(
