@@ -121,6 +121,9 @@ class HostBlockPool:
                 self._index[key[0]] = block
                 self.events.stored(key[0], key[1], key[2], CPU)
 
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
     def published_key(self, block: int) -> BlockKey | None:
         """The key ``block`` holds, if it is published (landed and in the index)."""
         key = self._key[block]
