@@ -80,29 +80,27 @@ def test_object_header_refuses_another_block():
 
 def test_file_backend_roundtrip_and_namespace_delete(tmp_path):
     store = FileBackend(tmp_path)
-    store.put("ns1/a", b"one")
-    store.put("ns2/a", b"two")
+    store.put_many(["ns1/a", "ns2/a"], [b"one", b"two"])
     assert store.exists(["ns1/a", "ns1/b"]) == [True, False]
-    assert store.get("ns1/a") == b"one" and store.get("ns1/b") is None
+    assert store.get_many(["ns1/a", "ns1/b"]) == [b"one", None]
     store.delete_namespace("ns1")
     assert store.exists(["ns1/a", "ns2/a"]) == [False, True]
 
 
 def test_file_backend_crash_mid_write_leaves_no_readable_object(tmp_path, monkeypatch):
     store = FileBackend(tmp_path)
-    store.put("ns/a", b"old")
+    store.put_many(["ns/a"], [b"old"])
 
     def crash(*_args):
         raise OSError("killed mid-write")
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(StorageError, match="killed mid-write"):
-        store.put("ns/b", b"new")
+        store.put_many(["ns/b"], [b"new"])
     with pytest.raises(StorageError):
-        store.put("ns/a", b"newer")
+        store.put_many(["ns/a"], [b"newer"])
     monkeypatch.undo()
-    assert store.get("ns/b") is None  # never half there
-    assert store.get("ns/a") == b"old"  # the old object, whole
+    assert store.get_many(["ns/b", "ns/a"]) == [None, b"old"]  # never half there; old whole
     assert sorted(p.name for p in (tmp_path / "ns").iterdir()) == ["a"]  # no temporaries
 
 
@@ -117,10 +115,9 @@ def test_file_backend_refuses_an_unusable_directory(tmp_path):
 def test_mooncake_backend_roundtrip_and_namespace_delete(master):
     store = mooncake(master)
     try:
-        store.put("nsA/x", b"a" * 1000)
-        store.put("nsB/x", b"b" * 10)
+        store.put_many(["nsA/x", "nsB/x"], [b"a" * 1000, b"b" * 10])
         assert store.exists(["nsA/x", "nsA/y"]) == [True, False]
-        assert store.get("nsA/x") == b"a" * 1000 and store.get("nsA/y") is None
+        assert store.get_many(["nsA/x", "nsA/y"]) == [b"a" * 1000, None]
         store.delete_namespace("nsA")
         assert store.exists(["nsA/x", "nsB/x"]) == [False, True]
     finally:
@@ -164,9 +161,9 @@ class SlowStore(FileBackend):
         super().__init__(root)
         self.release = threading.Event()
 
-    def get(self, key):
+    def get_many(self, keys):
         self.release.wait(20)
-        return super().get(key)
+        return super().get_many(keys)
 
 
 @pytest.mark.timeout(60)
@@ -176,7 +173,8 @@ def test_executor_timeout_and_cancel_never_write_pages_late(tmp_path):
     ex = L3Executor(store, pages, "ns", timeout=0.2, workers=2)
     try:
         (key,) = keys_of([1, 2, 3, 4])
-        store.put(f"ns/{key[0] & (2**64 - 1):016x}", encode_object(*key, memoryview(b"\x07" * 16)))
+        value = encode_object(*key, memoryview(b"\x07" * 16))
+        store.put_many([f"ns/{key[0] & (2**64 - 1):016x}"], [value])
         ex.submit([GetOp(1, "a", (key,), (0,)), GetOp(2, "b", (key,), (1,))])
         ex.submit([CancelOp(2)])
         got = wait_results(ex, 2)

@@ -35,11 +35,12 @@ class StorageBackend(Protocol):
 
     def exists(self, keys: Sequence[str]) -> list[bool]: ...
 
-    def get(self, key: str) -> bytes | None:
-        """The object, or None when it does not exist."""
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The objects, None for one that does not exist (one batch where the store has
+        batches)."""
         ...
 
-    def put(self, key: str, value: bytes) -> None: ...
+    def put_many(self, keys: Sequence[str], values: Sequence[bytes]) -> None: ...
 
     def delete_namespace(self, namespace: str) -> None:
         """Drop every object whose key starts with ``namespace/``."""
@@ -68,7 +69,14 @@ class FileBackend:
         except OSError as err:
             raise StorageError(f"file store: {err}") from err
 
-    def get(self, key: str) -> bytes | None:
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [self._get(key) for key in keys]
+
+    def put_many(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        for key, value in zip(keys, values):
+            self._put(key, value)
+
+    def _get(self, key: str) -> bytes | None:
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
@@ -76,7 +84,7 @@ class FileBackend:
         except OSError as err:
             raise StorageError(f"file store: reading {key}: {err}") from err
 
-    def put(self, key: str, value: bytes) -> None:
+    def _put(self, key: str, value: bytes) -> None:
         path = self._path(key)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -120,13 +128,13 @@ class SlowBackend:
         time.sleep(self.delay)
         return self.inner.exists(keys)
 
-    def get(self, key: str) -> bytes | None:
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         time.sleep(self.delay)
-        return self.inner.get(key)
+        return self.inner.get_many(keys)
 
-    def put(self, key: str, value: bytes) -> None:
+    def put_many(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
         time.sleep(self.delay)
-        self.inner.put(key, value)
+        self.inner.put_many(keys, values)
 
     def delete_namespace(self, namespace: str) -> None:
         self.inner.delete_namespace(namespace)
@@ -184,20 +192,16 @@ class MooncakeBackend:
             raise StorageError(f"mooncake store: batch_is_exist returned {bad[0]}")
         return [code == 1 for code in found]
 
-    def get(self, key: str) -> bytes | None:
-        # get() answers b"" both for a missing object and a failed call: ask first.
-        exists = self.exists([key])[0]
-        if not exists:
-            return None
-        value = self._store.get(key)
-        if not value:
-            raise StorageError(f"mooncake store: get {key} returned nothing")
-        return value
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        # An empty answer is a missing object or a failed call alike: either is a miss
+        # (the GET fails and its request recomputes).
+        values = self._store.get_batch(list(keys))
+        return [value or None for value in values]
 
-    def put(self, key: str, value: bytes) -> None:
-        status = self._store.put(key, value)
+    def put_many(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        status = self._store.put_batch(list(keys), list(values))
         if status != 0:
-            raise StorageError(f"mooncake store: put {key} returned {status}")
+            raise StorageError(f"mooncake store: put_batch of {len(keys)} returned {status}")
 
     def delete_namespace(self, namespace: str) -> None:
         status = self._store.remove_by_regex(f"^{re.escape(namespace)}/", True)

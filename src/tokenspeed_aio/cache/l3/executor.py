@@ -168,14 +168,10 @@ class L3Executor:
 
     def _get(self, task: _Task, op: GetOp) -> StorageResult | None:
         page_bytes = self.pages.shape[1]
-        fetched = []
-        for key in op.keys:
-            value = self.backend.get(self._key(key))
-            if value is None:
-                return StorageResult(op.op_id, False, 0, "object missing")
-            fetched.append(decode_object(value, *key, page_bytes))
-            if task.result is not None:
-                return None  # cancelled or timed out meanwhile: stop early
+        values = self.backend.get_many([self._key(k) for k in op.keys])
+        if any(value is None for value in values):
+            return StorageResult(op.op_id, False, 0, "object missing")
+        fetched = [decode_object(v, *k, page_bytes) for k, v in zip(op.keys, values)]
         with task.lock:
             if task.result is not None:
                 return None
@@ -191,8 +187,7 @@ class L3Executor:
                 encode_object(*key, memoryview(self.pages[block]))
                 for key, block in zip(op.keys, op.host_blocks)
             ]
-        for key, value in zip(op.keys, values):
-            self.backend.put(self._key(key), value)
+        self.backend.put_many([self._key(k) for k in op.keys], values)
         return StorageResult(op.op_id, True, self.pages.shape[1] * len(values))
 
 
