@@ -162,7 +162,7 @@ class MooncakeBackend:
         except ImportError as err:
             raise ValueError(
                 "--kvstore-storage-backend mooncake needs the mooncake-transfer-engine "
-                "package (pip install 'tokenspeed_aio[pd]')"
+                "package (pip install 'tokenspeed_aio[l3]', and the system library libibverbs1)"
             ) from err
         self.settings = settings
         self._store = MooncakeDistributedStore()

@@ -8,9 +8,10 @@ touches the L2 pages only under its operation's lock and only while the operatio
 open -- a PUT copies its pages out before the store call, a GET fetches into its own
 buffer and copies in after -- so an operation that timed out or was cancelled can never
 write a page the scheduler has given to someone else, even if its worker is still stuck
-in the store. After the store failed a call, operations fail at once for RETRY_SECONDS,
-then the next one tries it again: a store that is down costs no request more than one
-failed call, and one that comes back is used again.
+in the store. After the store failed a call (or one timed out), operations fail at once
+for RETRY_SECONDS, then the next one tries it again: a store that is down costs a request
+at most one failed call, and one that comes back is used again. Store calls release the
+GIL (Mooncake's binding does: a hung master blocks only its worker).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class L3Executor:
             late = [t for t in self._open.values() if t.deadline <= now]
         for task in late:
             if self._finish(task, StorageResult(task.op.op_id, False, 0, "timed out")):
+                self._down_until = now + RETRY_SECONDS  # a store that hangs is down too
                 logger.warning(
                     "L3 %s %d timed out after %.3g s", task.op.kind, task.op.op_id, self.timeout
                 )
