@@ -104,3 +104,21 @@ async def test_tp2_shards_share_the_store(ckpt, tmp_path):
     assert load.cache.l3_fetched_tokens == sum(cached), load.cache
     namespaces = sorted(d.name for d in tmp_path.iterdir())
     assert len(namespaces) == 2, namespaces  # one per rank's shard
+
+
+async def test_flush_cache_deletes_the_namespace(ckpt, start_engine, tmp_path):
+    path = ckpt("llama")
+    store = tmp_path / "l3"
+    flags = dict(kvstore_storage_backend="file", kvstore_storage_dir=str(store))
+    prompts = [p for p in parity_prompts() if len(p) > 16]
+    engine = await start_engine(path, **flags)
+    await final_outputs(engine, prompts, GREEDY)
+    await engine.check_idle()
+    (namespace,) = store.iterdir()
+    assert any(namespace.iterdir())
+    result = await engine.flush_cache()
+    assert result.ok, result
+    assert list(store.iterdir()) == []
+    outs = await final_outputs(engine, prompts, GREEDY)  # nothing cached anywhere now
+    assert [o.num_cached_tokens for o in outs] == [0] * len(prompts)
+    assert l3_counts(engine)["fetched_tokens"] == 0
