@@ -69,18 +69,21 @@ async def test_small_pool_retracts_with_l3(ckpt, start_engine, tmp_path):
         kvstore_storage_dir=str(tmp_path / "l3"),
         num_kv_blocks=80,
         kvstore_ratio=4.0,
-        chunked_prefill_size=64,
+        chunked_prefill_size=512,
     )
     prompts = parity_prompts()
-    want = [hf_greedy(str(path), tuple(ids), MAX_TOKENS)[0] for ids in prompts]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)  # they grow
+    want = [hf_greedy(str(path), tuple(ids), 12)[0] for ids in prompts]
+    counts = []
     for attempt in range(2):
         engine = await start_engine(path, **flags)
-        outs = await final_outputs(engine, prompts, GREEDY)
+        outs = await final_outputs(engine, prompts, params)
         assert [o.token_ids for o in outs] == want, attempt
         await engine.check_idle()
-        counts = l3_counts(engine)
+        counts.append(l3_counts(engine))
         await engine.shutdown()
-    assert counts["fetched_tokens"] > 0 and counts["retractions"] > 0, counts
+    assert counts[0]["retractions"] > 0 and counts[0]["puts"] > 0, counts
+    assert counts[1]["fetched_tokens"] > 0, counts
 
 
 async def test_tp2_shards_share_the_store(ckpt, tmp_path):

@@ -62,6 +62,7 @@ Event = ForwardCommitted | RequestFinished | TransferEvent
 GRAMMAR_POLL_SECONDS = 0.005  # an idle engine checks its compiling grammars this often
 CACHE_POLL_SECONDS = 0.0005  # a round with only cache copies in flight waits this long
 TRANSFER_POLL_SECONDS = 0.002  # ... and its KV transfers in flight this often
+STORAGE_POLL_SECONDS = 0.002  # ... and its L3 storage operations this often
 
 
 class EventLoop:
@@ -128,10 +129,11 @@ class EventLoop:
         heartbeat, or briefly while grammars compile and nothing else runs; and briefly
         when all it waits for is cache copies landing."""
         if not self.engine_idle():
-            copies = self.cache_ops.open or self._storage_open
-            if copies and not self.in_flight and not self.scheduler.running:
+            if self.in_flight or self.scheduler.running:
+                return None
+            if self.cache_ops.open:
                 return CACHE_POLL_SECONDS
-            return None
+            return STORAGE_POLL_SECONDS if self._storage_open else None
         if len(self.grammar):
             return GRAMMAR_POLL_SECONDS
         return TRANSFER_POLL_SECONDS if self.pd.in_flight else HEARTBEAT_SECONDS
