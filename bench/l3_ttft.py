@@ -9,10 +9,12 @@ CPU (docs/performance.md), the Mooncake store (a real ``mooncake_master`` on loo
     python bench/l3_ttft.py --backend mooncake --device cpu --shape tiny --prefix-len 2048 \\
         --repeats 8 --out bench/results/l3-ttft-tiny-cpu.json
 
-H200, the file backend and dummy Llama-3.1-8B weights, both engines on the one GPU::
+H200, the file backend and dummy Llama-3.1-8B weights, both engines on the one GPU, each
+with a 16 GiB L2 (the default, twice the device pool, would not fit two engines' pinned
+memory); the store under /tmp takes about 1 GiB per 8k-token prefix::
 
     python bench/l3_ttft.py --backend file --device cuda --shape llama-8b --prefix-len 8192 \\
-        --repeats 8 --gpu-memory-utilization 0.4 --out $OUT/l3-ttft-llama-8b-h200.json
+        --repeats 8 --gpu-memory-utilization 0.4 --l2-gb 16 --out $OUT/l3-ttft-llama-8b-h200.json
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def main() -> None:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--l2-gb", type=float, default=None, help="--kvstore-size-gb per engine")
     p.add_argument("--store-dir", default=None, help="file backend: default a fresh temp dir")
     p.add_argument("--out", type=Path, required=True)
     ns = p.parse_args()
@@ -103,6 +106,8 @@ def main() -> None:
         flags["num_kv_blocks"] = ns.kv_blocks
     if ns.gpu_memory_utilization:
         flags["gpu_memory_utilization"] = ns.gpu_memory_utilization
+    if ns.l2_gb:
+        flags["kvstore_size_gb"] = ns.l2_gb
     master = None
     if ns.backend == "mooncake":
         master = MooncakeMaster(logs / "master.log").start()
