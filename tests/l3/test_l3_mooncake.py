@@ -119,6 +119,7 @@ def test_b_answers_a_prompt_from_l3(engines):
     assert metric(b.url, "l3_fetched_tokens_total") - fetched == full
     assert metric(b.url, "l3_query_hit_tokens_total") >= full
     assert metric(b.url, "l3_get_bytes_total") > 0
+    assert metric(b.url, 'l3_op_seconds_count{kind="get",outcome="ok"}') >= 1  # the histogram
     again = generate(b.url, ids)  # now a device hit on B: same tokens
     assert again["output_ids"] == want
     assert again["meta_info"]["cached_tokens"] == full
