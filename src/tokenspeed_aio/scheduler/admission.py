@@ -94,8 +94,14 @@ class AdmissionMixin:
             host_hits: list[int] = []
             if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
                 hash_full_blocks(req, page)
-                # Never prepared: its QUERY, if it is planned now, makes it wait apart.
-                if storage is not None and not req.storage_settled and storage.prepare(plan, req):
+                # Never prepared: its QUERY, if it is planned now, makes it wait apart. (A
+                # disaggregated request's pages belong to its transfer: not prepared.)
+                if (
+                    storage is not None
+                    and not req.storage_settled
+                    and req.room is None
+                    and storage.prepare(plan, req)
+                ):
                     self.waiting.popleft()
                     continue
                 # At least the last token is recomputed: its logits sample the next one.
