@@ -125,3 +125,8 @@ async def test_flush_cache_deletes_the_namespace(ckpt, start_engine, tmp_path):
     outs = await final_outputs(engine, prompts, GREEDY)  # nothing cached anywhere now
     assert [o.num_cached_tokens for o in outs] == [0] * len(prompts)
     assert l3_counts(engine)["fetched_tokens"] == 0
+    await engine.check_idle()
+    await engine.shutdown()
+    fresh = await start_engine(path, **flags)  # ... and published again after the flush
+    outs = await final_outputs(fresh, prompts, GREEDY)
+    assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // 4 * 4 for p in prompts]

@@ -358,6 +358,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
             return False
         if self.host_tier is not None:
             self.host_tier.host.clear()
+        if self.storage is not None:  # the flush deleted the store's objects too
+            self.storage.forget()
         return self.pool.reset_prefix_cache()
 
     def cached_block_hashes(self) -> set[int]:

@@ -208,6 +208,10 @@ class StorageTier:
                 self._due.append(CancelOp(prep.op_id))
         self.host.unref(prep.host_blocks)
 
+    def forget(self) -> None:
+        """A flush deleted this deployment's objects: nothing is known to be stored."""
+        self._known.clear()
+
     # -- state ---------------------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self._open or self._due or self.landed)
