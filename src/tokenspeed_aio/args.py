@@ -18,6 +18,9 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 KVSTORE_WRITE_POLICIES = ("write_through", "write_back")
+KVSTORE_STORAGE_BACKENDS = ("mooncake", "file")
+# The L2 host tier's size when a storage backend turns it on and none was given
+KVSTORE_STORAGE_DEFAULT_RATIO = 2.0
 DISAGGREGATION_MODES = ("plain", "prefill", "decode")
 QUANTIZATIONS = ("fp8",)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -58,6 +61,13 @@ class EngineArgs:
     kvstore_ratio: float = 0.0  # L2 host KV pool, x the device pool's blocks (0: off)
     kvstore_size_gb: float | None = None  # ... or its size in GiB, per rank
     kvstore_write_policy: str = "write_through"  # write_through | write_back
+    # The L3 storage tier (docs/design/storage-tier.md): none by default
+    kvstore_storage_backend: str | None = None  # mooncake | file
+    kvstore_storage_dir: str | None = None  # file: where the pages live
+    kvstore_storage_timeout: float = 5.0  # seconds a storage op may take before it fails
+    kvstore_mooncake_master: str | None = None  # HOST:PORT of mooncake_master
+    kvstore_mooncake_metadata_server: str | None = None  # default: the master's HTTP one
+    kvstore_mooncake_segment_gb: float = 1.0  # memory this engine lends the store, per rank
     # RL control operations and operators' tools
     enable_memory_saver: bool = False  # CUDA: weights and KV cache in CUDA virtual memory
     weight_version: str = "default"  # the weights' version until an update names another
@@ -84,6 +94,13 @@ class EngineArgs:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def host_tier_ratio(self) -> float:
+        """The L2 tier's ratio: the given one, or the default a storage backend turns on."""
+        if self.kvstore_ratio or self.kvstore_size_gb or self.kvstore_storage_backend is None:
+            return self.kvstore_ratio
+        return KVSTORE_STORAGE_DEFAULT_RATIO
 
     def validate(self) -> None:
         def check(ok: bool, name: str, message: str) -> None:
@@ -169,6 +186,35 @@ class EngineArgs:
             "kvstore_write_policy",
             f"must be one of {', '.join(KVSTORE_WRITE_POLICIES)}",
         )
+        if self.kvstore_storage_backend is not None:
+            check(
+                self.kvstore_storage_backend in KVSTORE_STORAGE_BACKENDS,
+                "kvstore_storage_backend",
+                f"must be one of {', '.join(KVSTORE_STORAGE_BACKENDS)}",
+            )
+            check(
+                self.enable_prefix_caching,
+                "kvstore_storage_backend",
+                "the L3 tier shares prefixes: it needs prefix caching",
+            )
+            check(
+                self.disaggregation_mode != "decode",
+                "kvstore_storage_backend",
+                "a decode engine receives its prompt's KV from its prefill peer, not L3",
+            )
+            check(
+                self.kvstore_storage_backend != "file" or bool(self.kvstore_storage_dir),
+                "kvstore_storage_dir",
+                "--kvstore-storage-backend file needs a directory",
+            )
+            check(
+                self.kvstore_storage_backend != "mooncake"
+                or _host_port(self.kvstore_mooncake_master),
+                "kvstore_mooncake_master",
+                "--kvstore-storage-backend mooncake needs the master's HOST:PORT",
+            )
+        check(self.kvstore_storage_timeout > 0, "kvstore_storage_timeout", "must be > 0")
+        check(self.kvstore_mooncake_segment_gb > 0, "kvstore_mooncake_segment_gb", "must be > 0")
         if self.kv_events_endpoint is not None:
             check(
                 self.kv_events_endpoint.startswith(("tcp://", "ipc://", "inproc://")),
@@ -267,6 +313,16 @@ ENGINE_HELP = {
     "kvstore_size_gb": "L2 host KV cache tier size in GiB per rank (instead of --kvstore-ratio)",
     "kvstore_write_policy": "write_through: every full cached block goes to L2 as it is cached; "
     "write_back: a device block goes to L2 only when it is evicted",
+    "kvstore_storage_backend": "L3 storage tier shared by every engine serving the same model: "
+    "mooncake (the Mooncake distributed store) or file (a directory); turns the L2 tier on "
+    f"(--kvstore-ratio {KVSTORE_STORAGE_DEFAULT_RATIO:g}) unless it is sized",
+    "kvstore_storage_dir": "file backend: the directory holding the L3 pages",
+    "kvstore_storage_timeout": "seconds an L3 storage operation may take; a slower one fails "
+    "and its request recomputes",
+    "kvstore_mooncake_master": "mooncake backend: HOST:PORT of mooncake_master's RPC service",
+    "kvstore_mooncake_metadata_server": "mooncake backend: the transfer metadata server "
+    "(default: http://MASTER_HOST:8080/metadata, the master's --enable_http_metadata_server)",
+    "kvstore_mooncake_segment_gb": "mooncake backend: GiB of memory each rank lends the store",
     "enable_memory_saver": "GPU: keep the weights and KV cache in CUDA virtual memory, so "
     "/release_memory_occupation gives their memory back and CUDA graphs survive it",
     "weight_version": "the weights' version reported until a weight update sets another",
@@ -346,3 +402,8 @@ def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     if isinstance(names, list) and len(names) == 1:
         values["served_model_name"] = names[0]
     return EngineArgs(**values)
+
+
+def _host_port(value: str | None) -> bool:
+    host, _, port = (value or "").rpartition(":")
+    return bool(host) and port.isdigit()

@@ -18,8 +18,13 @@ class Device:
     def __init__(self) -> None:
         self.released: list[list[str]] = []
 
+        self.storage_deletes = 0
+
     async def release_memory(self, tags: list[str]) -> None:
         self.released.append(tags)
+
+    async def delete_storage(self) -> None:
+        self.storage_deletes += 1
 
 
 class Group:

@@ -57,6 +57,21 @@ async def test_the_owners_messages_reach_every_member_in_one_exchange():
     assert await asyncio.gather(*(r.receive(None) for r in relays)) == [[], [], []]
 
 
+async def test_storage_reports_ride_the_same_exchange():
+    """With L3 each member's storage report travels in the round's one exchange; a
+    member's broken report is an error every member raises from that exchange."""
+    transport, relays = replica(2)
+    transport.put(AbortRequest("a"))
+    reports = [(1.0, 0, [(3, True, 2, None, 0.1)]), (1.5, 4, [])]
+    received = await asyncio.gather(*(r.receive(None, report=p) for r, p in zip(relays, reports)))
+    assert received == [[AbortRequest("a")]] * 2
+    assert [r.group.calls for r in relays] == [1, 1]  # one exchange
+    assert relays[0].reports == relays[1].reports == reports
+    errors = [None, "StorageOpError: storage op 9 was reported but is not open"]
+    with pytest.raises(CollectiveError, match="storage op 9"):
+        await asyncio.gather(*(r.receive(None, error=e) for r, e in zip(relays, errors)))
+
+
 async def test_members_wait_for_the_owner_and_only_the_owner_sends():
     transport, (owner, member) = replica()
     waiting = asyncio.create_task(member.receive(None))

@@ -54,13 +54,16 @@ class SimDataPlane:
         *,
         on_execute: Callable[[ExecutionPlan], None] | None = None,
         fail_plan: int | None = None,
+        storage=None,
     ) -> None:
         self.device = device
+        self.storage = storage  # the L3 executor (helpers/sim_store.py), or None
         self.on_execute = on_execute  # a test's check of each plan as it is dispatched
         self.fail_plan = fail_plan  # plan id whose forward raises SimForwardError
         self.plans: list[ExecutionPlan] = []  # every dispatched plan, in order
         self.num_idle_forwards = 0
         self.num_landed = 0  # cache ops acknowledged
+        self.num_storage_deletes = 0
         self.closed = False
         self._queued: deque[tuple[ExecutionPlan, tuple, PendingExecution]] = deque()
 
@@ -105,6 +108,16 @@ class SimDataPlane:
 
     async def idle_forward(self) -> None:
         self.num_idle_forwards += 1
+
+    def submit_storage(self, ops) -> None:
+        self.storage.submit(ops)
+
+    def poll_storage(self):
+        return self.storage.poll()
+
+    async def delete_storage(self) -> None:
+        """flush_cache's L3 deletion: counted (no store here)."""
+        self.num_storage_deletes += 1
 
     async def shutdown(self) -> None:
         assert not self._queued, f"shutdown with {len(self._queued)} forwards not run"

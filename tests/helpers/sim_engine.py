@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from helpers.sim_data_plane import SimDataPlane
 from helpers.sim_device import SimDevice, reference
 from helpers.sim_host import SimHostDevice
+from helpers.sim_store import SimStorage, SimStore
 from tokenspeed_aio.control.event_loop import EventLoop
 from tokenspeed_aio.control.grammar import GrammarBackend, GrammarQueue
 from tokenspeed_aio.control.ingress import Ingress
 from tokenspeed_aio.control.output import OutputProcessor
 from tokenspeed_aio.control.relay import Relay, ReplicaGroup
+from tokenspeed_aio.control.storage import StorageOps
 from tokenspeed_aio.control.transport import LocalTransport
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
@@ -97,11 +99,19 @@ class SimEngine:
         fail_plan: int | None = None,
         host: HostTierConfig | None = None,
         ack_delay: int = 0,
+        store: SimStore | None = None,
+        storage_delay: int = 0,
+        storage_fail: float = 0.0,
+        seed: int = 0,
         **config: int | bool,
     ) -> None:
         """``host``: the L2 host tier, on a sim device with host pages whose asynchronous
-        cache ops land ``ack_delay`` rounds late at most (helpers/sim_host.py)."""
-        self.config = SchedulerConfig(**{**DEFAULT_CONFIG, **config}, host=host)
+        cache ops land ``ack_delay`` rounds late at most (helpers/sim_host.py). ``store``:
+        the L3 tier over that shared sim store, its ops ``storage_delay`` polls late at
+        most, failing with probability ``storage_fail`` (helpers/sim_store.py)."""
+        self.config = SchedulerConfig(
+            **{**DEFAULT_CONFIG, **config}, host=host, storage=store is not None
+        )
         cfg = self.config
         geometry = (cfg.num_blocks, cfg.page_size, cfg.max_num_seqs)
         if host is None:
@@ -114,7 +124,14 @@ class SimEngine:
                 host.num_snapshot_states,
                 ack_delay=ack_delay,
             )
-        self.data_plane = SimDataPlane(self.device, on_execute=on_execute, fail_plan=fail_plan)
+        self.storage = None
+        if store is not None:
+            self.storage = SimStorage(
+                store, self.device, delay=storage_delay, fail=storage_fail, seed=seed
+            )
+        self.data_plane = SimDataPlane(
+            self.device, on_execute=on_execute, fail_plan=fail_plan, storage=self.storage
+        )
         self.transport = LocalTransport() if is_owner else None
         self.loop = EventLoop(
             scheduler=Scheduler(cfg),
@@ -124,6 +141,7 @@ class SimEngine:
             output=OutputProcessor(eos_token_ids=eos_token_ids),
             grammar=GrammarQueue(grammar_backend, grammar_timeout, group),
             in_flight_depth=depth,
+            storage=StorageOps(len(group.group.ranks) if group else 1) if store else None,
         )
         self.streams: dict[str, list[Stream]] = {}
         self.batches: list[OutputBatch] = []

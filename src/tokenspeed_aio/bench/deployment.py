@@ -1,8 +1,9 @@
 """Disaggregated deployments on one machine, as a user runs them: ``python -m
 tokenspeed_aio serve`` processes (prefill, decode or plain) and the SGLang Model Gateway
 (``python -m sglang_router.launch_router``: its Rust gateway, regular or
-``--pd-disaggregation``, or its ``--mini-lb``), unmodified, in front of them. Used by
-bench/pd_gateway.py and the PD tests."""
+``--pd-disaggregation``, or its ``--mini-lb``), unmodified, in front of them; and a
+``mooncake_master`` for the L3 storage tier. Used by bench/pd_gateway.py, bench/l3_ttft.py
+and the PD and L3 tests."""
 
 from __future__ import annotations
 
@@ -62,6 +63,61 @@ class Proc:
         for p in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+@dataclass
+class MooncakeMaster:
+    """A ``mooncake_master`` on loopback with its HTTP metadata server; ``restart`` brings
+    it back on the same ports (its objects are gone: they lived in the clients' segments
+    the master tracked)."""
+
+    log_path: Path
+    rpc_port: int = field(default_factory=free_port)
+    metadata_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.rpc_port}"
+
+    @property
+    def metadata_server(self) -> str:
+        return f"http://127.0.0.1:{self.metadata_port}/metadata"
+
+    def start(self) -> MooncakeMaster:
+        binary = Path(sys.executable).with_name("mooncake_master")
+        cmd = [
+            str(binary) if binary.exists() else "mooncake_master",
+            f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
+            "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+            f"--http_metadata_server_port={self.metadata_port}",
+            f"--metrics_port={self.metrics_port}", "--default_kv_lease_ttl=100",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=self.log_path.open("a"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mooncake_master exited:\n{self.log_path.read_text()[-4000:]}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.rpc_port), timeout=0.5),
+                contextlib.suppress(httpx.TransportError),
+            ):
+                httpx.get(f"http://127.0.0.1:{self.metadata_port}/metadata", timeout=1)
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("mooncake_master did not start in 30 s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> MooncakeMaster:
+        self.kill()
+        return self.start()
 
 
 def _wait(check, proc: Proc, timeout: float = STARTUP_SECONDS) -> None:

@@ -13,6 +13,7 @@ import asyncio
 from typing import Protocol
 
 from tokenspeed_aio.control.cache_ops import CacheResults
+from tokenspeed_aio.control.storage import StorageReport
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, ForwardResult
 from tokenspeed_aio.wire.control import InitWeightsGroup, StartProfile
 
@@ -43,6 +44,20 @@ class DataPlane(Protocol):
         """A completion query, called on the control thread itself (queued, it would wait
         behind every forward still being launched): the cache ops whose copies landed since
         the last call. Touches no stream; never blocks."""
+        ...
+
+    def submit_storage(self, ops: list) -> None:
+        """L3: hand the plan's storage operations to the L3 executor (host worker threads;
+        no device work, no wait). Called on the control thread, before ``execute``."""
+        ...
+
+    def poll_storage(self) -> StorageReport:
+        """L3: the executor's report -- its clock, queue depth and the operations completed
+        since the last call (each once). Called on the control thread; never blocks."""
+        ...
+
+    async def delete_storage(self) -> None:
+        """flush_cache: delete this deployment's L3 namespace (nothing without L3)."""
         ...
 
     async def idle_forward(self) -> None:

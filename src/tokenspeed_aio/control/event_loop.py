@@ -1,12 +1,15 @@
 """EventLoop.round(): the schedule of one scheduling round, top to bottom.
 
-    1. receive + relay; admit in arrival order; the control gate (pause edges, held
+    1. receive + relay (with L3, every member's storage report rides the same exchange);
+       admit in arrival order; the control gate (pause edges, held
        admissions, memory release, the same-round gate's weight op); the grammar queue;
        PD transfers register
-    2. head: cache-op acknowledgments (replica-agreed) and client aborts (their transfers
-       cancel) -> scheduler.advance_head, so this round's plan sees them
+    2. head: cache-op acknowledgments (replica-agreed), the agreed storage reports and
+       client aborts (their transfers cancel) -> scheduler.advance_head, so this round's
+       plan sees them
     3. plan: scheduler.next_execution_plan() (no forward in a frozen round); count its
-       cache ops; finish plan.aborts; DP agreement
+       cache ops; submit its storage ops to the L3 executor; finish plan.aborts; DP
+       agreement
     4. dispatch one data_plane.execute(plan) when there is device work -- a batch, a cache
        op or a remote stream (committing the queue first if the dispatch depends on a
        pending commit); commit from the in-flight queue down to the effective depth (0 when
@@ -40,6 +43,7 @@ from tokenspeed_aio.control.output import OutputProcessor
 from tokenspeed_aio.control.pd import PdTransfers
 from tokenspeed_aio.control.relay import Relay
 from tokenspeed_aio.control.round_stats import RoundStats
+from tokenspeed_aio.control.storage import StorageOpError, StorageOps
 from tokenspeed_aio.control.transport import HEARTBEAT_SECONDS, LoadReporter
 from tokenspeed_aio.scheduler.admission import SubmissionRejected
 from tokenspeed_aio.scheduler.plan import (
@@ -58,6 +62,7 @@ Event = ForwardCommitted | RequestFinished | TransferEvent
 GRAMMAR_POLL_SECONDS = 0.005  # an idle engine checks its compiling grammars this often
 CACHE_POLL_SECONDS = 0.0005  # a round with only cache copies in flight waits this long
 TRANSFER_POLL_SECONDS = 0.002  # ... and its KV transfers in flight this often
+STORAGE_POLL_SECONDS = 0.002  # ... and its L3 storage operations this often
 
 
 class EventLoop:
@@ -78,6 +83,7 @@ class EventLoop:
         batch_log: BatchLog | None = None,
         cache_ops: CacheOps | None = None,
         pd: PdTransfers | None = None,
+        storage: StorageOps | None = None,
     ) -> None:
         if in_flight_depth not in (0, 1):
             raise ValueError(f"in_flight_depth must be 0 or 1, got {in_flight_depth}")
@@ -94,6 +100,7 @@ class EventLoop:
         self.batch_log = batch_log or BatchLog(0)
         self.cache_ops = cache_ops or CacheOps(relay.group)
         self.pd = pd or PdTransfers(None)
+        self.storage = storage  # the L3 storage tier's agreement; None: no L3
         self.local_error: str | None = None  # carried into the next exchange with peers
         self.kv_events = KVEventPublisher()
         self.load_reporter = LoadReporter(replica)
@@ -109,7 +116,7 @@ class EventLoop:
         """Nothing progresses here without a new message: idle, or frozen (a keep pause,
         released memory) with nothing in flight, no control operation pending and no cache
         copy still landing."""
-        if self.in_flight or self.control.busy or self.cache_ops.open:
+        if self.in_flight or self.control.busy or self.cache_ops.open or self._storage_open:
             return False
         return self.control.frozen or not self.scheduler.has_work()
 
@@ -122,9 +129,11 @@ class EventLoop:
         heartbeat, or briefly while grammars compile and nothing else runs; and briefly
         when all it waits for is cache copies landing."""
         if not self.engine_idle():
-            if self.cache_ops.open and not self.in_flight and not self.scheduler.running:
+            if self.in_flight or self.scheduler.running:
+                return None
+            if self.cache_ops.open:
                 return CACHE_POLL_SECONDS
-            return None
+            return STORAGE_POLL_SECONDS if self._storage_open else None
         if len(self.grammar):
             return GRAMMAR_POLL_SECONDS
         return TRANSFER_POLL_SECONDS if self.pd.in_flight else HEARTBEAT_SECONDS
@@ -149,7 +158,8 @@ class EventLoop:
 
     async def round(self) -> None:
         # 1. receive + relay, admit in arrival order; the grammar queue
-        messages = await self.relay.receive(self._receive_timeout(), error=self.local_error)
+        report, error = self._storage_report()
+        messages = await self.relay.receive(self._receive_timeout(), error=error, report=report)
         self.stats.begin()
         adm = self.ingress.admit(messages, owned=self._owned, held=self.scheduler.holds)
         step = await self.control.gate(
@@ -172,10 +182,12 @@ class EventLoop:
             self.scheduler.reset_prefix_cache()
         self.grammar.abort(aborted)
         self.pd.cancel(aborted)
-        self.scheduler.advance_head(aborted, acknowledged)
+        stored = self.storage.agree(self.relay.reports) if self.storage is not None else ()
+        self.scheduler.advance_head(aborted, acknowledged, stored)
         # 3. plan
         plan = self.scheduler.next_execution_plan(allow_forward=step.allow_forward)
         self.cache_ops.dispatched(plan)
+        self._submit_storage(plan)
         self.output.finish_planned_aborts(plan.aborts)
         if (
             self.dp is not None
@@ -209,6 +221,29 @@ class EventLoop:
         if self.faults is not None:
             self.faults.tick()
 
+    @property
+    def _storage_open(self) -> int:
+        return self.storage.open if self.storage is not None else 0
+
+    def _storage_report(self):
+        """This rank's storage report for the round's exchange, and the error the exchange
+        carries: the rank-local one, or the report's broken rule (with no peers it raises:
+        the rank stops)."""
+        if self.storage is None:
+            return None, self.local_error
+        report = self.data_plane.poll_storage()
+        problem = self.storage.check(report)
+        if problem and not self.has_peers:
+            raise StorageOpError(problem)
+        error = self.local_error or (f"StorageOpError: {problem}" if problem else None)
+        return report.wire(), error
+
+    def _submit_storage(self, plan: ExecutionPlan) -> None:
+        if self.storage is not None:
+            ops = self.storage.dispatched(plan)
+            if ops:
+                self.data_plane.submit_storage(ops)
+
     def _owned(self, rid: str) -> bool:
         return self.output.owns(rid) or self.control.holds(rid)
 
@@ -239,13 +274,15 @@ class EventLoop:
     def _send_outputs(self) -> None:
         replies = self.control.take_replies()
         load = self.cache_ops.report(self.scheduler.load())
+        if self.storage is not None:
+            load = self.storage.report(load)
         batch = self.load_reporter.batch(
             self.output.take(),
             load,
             self.jit,
             replies,
             self.pd.gauges(),
-            self.pd.take_records(),
+            self.pd.take_records() + (self.storage.take_records() if self.storage else []),
         )
         if batch is not None:
             self.relay.send(batch)
@@ -264,16 +301,27 @@ class EventLoop:
         self.scheduler.advance_head(aborted)
         while self.scheduler.has_cache_work():
             acknowledged = await self.cache_ops.acknowledged(self.data_plane.poll_cache_results)
-            self.scheduler.advance_head((), acknowledged)
+            self.scheduler.advance_head((), acknowledged, await self._drain_storage())
             plan = self.scheduler.next_execution_plan(allow_forward=False)
+            self._submit_storage(plan)
             if plan.needs_device():
                 self.cache_ops.dispatched(plan)
                 self.in_flight.append((plan, self.data_plane.execute(plan)))
                 self.scheduler.advance(await self._commit_oldest())
-            elif self.cache_ops.open:
+            elif self.cache_ops.open or self._storage_open:
                 await asyncio.sleep(CACHE_POLL_SECONDS)
         self.kv_events.publish(self.scheduler.drain_kv_events())
         self._send_outputs()
+
+    async def _drain_storage(self) -> list:
+        """At stop, the storage reports' agreement without the relay (it carries no more
+        rounds): a gather of its own while a storage op is open, like the cache ops'."""
+        if not self._storage_open:
+            return []
+        report, error = self._storage_report()
+        group = self.relay.group
+        reports = [report] if group is None else await group.all_gather(report, error=error)
+        return self.storage.agree(reports)
 
     @property
     def has_peers(self) -> bool:
@@ -284,5 +332,7 @@ class EventLoop:
         if self.in_flight:
             raise AssertionError(f"{len(self.in_flight)} forwards still in flight")
         self.cache_ops.check_idle()
+        if self.storage is not None:
+            self.storage.check_idle()
         self.output.check_idle()
         self.scheduler.check_idle()

@@ -3,8 +3,10 @@ round's messages to every member in one exchange, so all members admit the same
 requests in the same round. Only the first member sends outputs.
 
 The exchange is an all-gather, so it also carries each member's rank-local error
-from the previous round: every member then fails together with that message.
-With a replica of one (no group), the relay is the transport itself.
+from the previous round: every member then fails together with that message; and, with
+the L3 storage tier, each member's storage executor report (``reports`` after the
+exchange), so a round runs one exchange, not two. With a replica of one (no group), the
+relay is the transport itself.
 """
 
 from __future__ import annotations
@@ -42,15 +44,17 @@ class Relay:
         self.transport = transport  # only the first member holds one
         self.group = group
         self.is_owner = is_owner
+        self.reports: list = []  # every member's report of the last exchange, by member
         if is_owner and transport is None:
             raise ValueError("the replica's first member needs the frontend transport")
 
     async def receive(
-        self, timeout: float | None, error: str | None = None
+        self, timeout: float | None, error: str | None = None, report: object = None
     ) -> list[InboundMessage]:
         """This round's messages, waiting up to ``timeout`` for the first (None: no wait).
         A frontend that is gone reads as a stop request, which every member receives in
-        the same exchange, so all stop after the same round."""
+        the same exchange, so all stop after the same round. ``report`` (this member's
+        storage report) rides the same exchange; every member's lands in ``reports``."""
         messages = None
         if self.is_owner:
             try:
@@ -59,11 +63,13 @@ class Relay:
                 logger.info("the frontend is gone (%s): stopping", err)
                 messages = [StopEngine()]
         if self.group is None:
+            self.reports = [report]
             return messages
         # The owner may idle up to a heartbeat before it joins: members wait for it.
         payload = _encode(messages) if self.is_owner else None
-        shares = await self.group.all_gather(payload, error=error, timeout=math.inf)
-        return _decode(next(s for s in shares if s is not None))
+        shares = await self.group.all_gather([payload, report], error=error, timeout=math.inf)
+        self.reports = [share[1] for share in shares]
+        return _decode(next(s[0] for s in shares if s[0] is not None))
 
     def send(self, batch: OutputBatch) -> None:
         if self.is_owner:

@@ -152,6 +152,12 @@ class GatedOps:
             control.reply(call, False, problem[1], problem[0])
             return
         if isinstance(op, FlushCache):
+            # The L3 namespace goes first, agreed: a failure on any rank flushes nothing.
+            error = await _attempt(self.device.delete_storage())
+            problem = await self._agree(_as_problem(error, 500))
+            if problem is not None:
+                control.reply(call, False, f"flush_cache: the L3 store: {problem[1]}", 500)
+                return
             step.flush_cache = True
             control.reply(call, True, "cache flushed")
         elif isinstance(op, InitWeightsGroup | DestroyWeightsGroup):
@@ -209,6 +215,8 @@ class GatedOps:
             await self.device.commit_weights(True)
             control.weight_version = op.weight_version or control.weight_version
             step.flush_cache = op.flush_cache
+            if op.flush_cache:  # the L3 objects were computed with the old weights
+                await _attempt(self.device.delete_storage())
             control.reply(call, True, "weights updated")
             return
         await self.device.commit_weights(False)

@@ -17,6 +17,8 @@ import torch
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.cache.executor import HostCacheExecutor
 from tokenspeed_aio.cache.host_pool import HostSizing, allocate_host_pages, check_host_memory
+from tokenspeed_aio.cache.l3.executor import L3Executor
+from tokenspeed_aio.cache.l3.factory import build_l3, deployment_identity
 from tokenspeed_aio.cache.ops import NO_CACHE_OPS, DeviceCacheOps
 from tokenspeed_aio.cache.snapshot_pool import SlotStates
 from tokenspeed_aio.control.cache_ops import CacheResults
@@ -68,6 +70,7 @@ class DeviceHandle:
         profiler: ForwardProfiler,
         cache: HostCacheExecutor,
         transfer: PeerLoop | None = None,
+        storage: L3Executor | None = None,
     ) -> None:
         self._runner = runner
         self._device = device
@@ -76,6 +79,9 @@ class DeviceHandle:
         self._profiler = profiler
         self._cache = cache
         self._transfer = transfer  # the PD transfer peer, the plans' second executor
+        # The L3 executor (host worker threads): the control thread submits to it and polls
+        # it itself, through the data plane; no device work goes through it.
+        self.storage = storage
 
     def enter_serving(self) -> None:
         """Startup is over: arm the sync-debug mode, then close the JIT window."""
@@ -193,6 +199,9 @@ class DeviceHandle:
         if self._device.type == "cuda":
             torch.cuda.set_sync_debug_mode(0)  # the process may go on without the engine
             torch.cuda.synchronize(self._device)
+        if self.storage is not None:  # before the pages it reads go
+            self.storage.close()
+            self.storage = None
         self._cache.close()  # after the device finished every copy
         if self._device.type == "cuda":
             torch.cuda.empty_cache()
@@ -412,13 +421,19 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         quantization.scheme if quantization else str(dtype).removeprefix("torch."),
     )
     host = HostSizing.of(
-        ratio=args.kvstore_ratio,
+        ratio=args.host_tier_ratio,
         size_gb=args.kvstore_size_gb,
         device_blocks=num_blocks,
         block_bytes=per_block,
         max_num_seqs=max_num_seqs,
     )
     cache = _host_cache(args, host, memory, runner, per_block)
+    storage = None
+    if args.kvstore_storage_backend is not None:
+        identity = deployment_identity(
+            args, config.architecture, dtype, cache.host_pages, rank.tp_rank, rank.tp_size
+        )
+        storage = build_l3(args, identity, cache.host_pages)
     specs = DeviceSpecs(
         num_blocks=num_blocks,
         page_size=page,
@@ -434,6 +449,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         snapshot_pages=host.snapshot_pages,
         snapshot_states=host.snapshot_states,
         role=args.disaggregation_mode,
+        storage=storage is not None,
     )
     engine_rank = rank.dp_rank * rank.tp_size + rank.tp_rank
     weights = WeightUpdater(model, config, device, engine_rank=engine_rank, tp_rank=rank.tp_rank)
@@ -445,6 +461,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         profiler=ForwardProfiler(device, engine_rank),
         cache=cache,
         transfer=transfer,
+        storage=storage,
     )
     return DeviceBuild(
         specs=specs,

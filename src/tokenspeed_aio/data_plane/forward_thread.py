@@ -22,6 +22,7 @@ from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.cache.ops import DeviceCacheOps, cache_ops_from_plan
 from tokenspeed_aio.control.cache_ops import CacheResults
 from tokenspeed_aio.control.data_plane import PendingExecution
+from tokenspeed_aio.control.storage import StorageReport
 from tokenspeed_aio.data_plane.gc_hooks import GcHooks
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
 from tokenspeed_aio.errors import EngineError
@@ -126,6 +127,18 @@ class ForwardThreadDataPlane:
         """The completion query runs here, on the control thread: queued, it would wait
         behind every forward still being launched. It only reads what landed."""
         return self._handle.poll_cache_results()
+
+    def submit_storage(self, ops: list) -> None:
+        """The L3 executor is host-only: the control thread hands it the ops itself."""
+        self._handle.storage.submit(ops)
+
+    def poll_storage(self) -> StorageReport:
+        return self._handle.storage.poll()
+
+    async def delete_storage(self) -> None:
+        storage = self._handle.storage
+        if storage is not None:  # a blocking store call: off the control thread
+            await asyncio.to_thread(storage.delete_namespace)
 
     async def idle_forward(self) -> None:
         await self._ask("idle_forward")

@@ -23,6 +23,7 @@ class DeviceSpecs:
     host_blocks: int = 0  # L2 host pool blocks (0: the host tier is off)
     snapshot_pages: int = 0  # snapshot pool pages (retraction victims' tail pages)
     snapshot_states: int = 0  # snapshot pool slot-state entries
+    storage: bool = False  # the L3 storage tier is on (its executor is the handle's)
 
     @property
     def max_concurrent_tokens(self) -> int:

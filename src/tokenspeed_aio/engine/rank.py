@@ -23,6 +23,7 @@ from tokenspeed_aio.control.output import OutputProcessor
 from tokenspeed_aio.control.pd import PdTransfers
 from tokenspeed_aio.control.relay import Relay, ReplicaGroup
 from tokenspeed_aio.control.request_stats import RequestStats
+from tokenspeed_aio.control.storage import StorageOps
 from tokenspeed_aio.control.transport import Transport
 from tokenspeed_aio.data_plane.gc_hooks import freeze_startup_heap
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
@@ -115,6 +116,7 @@ class EngineRank:
                 max_model_len=specs.max_model_len,
                 enable_prefix_caching=args.enable_prefix_caching,
                 host=_host_tier(args, specs),
+                storage=specs.storage,
                 role=specs.role,
             )
         )
@@ -147,6 +149,7 @@ class EngineRank:
             ),
             batch_log=BatchLog(args.log_batch_interval if rank.tp_rank == 0 else 0, rank.dp_rank),
             pd=PdTransfers(transfer, group, rank.tp_size),
+            storage=StorageOps(rank.tp_size) if specs.storage else None,
         )
         logger.info(
             "rank ready: %d KV blocks of %d tokens (%d concurrent tokens), %s %s, attention %s",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from tokenspeed_aio.scheduler.block_pool import BlockPool
     from tokenspeed_aio.scheduler.host_tier import HostTier
+    from tokenspeed_aio.scheduler.storage import StorageTier
 
 
 class SubmissionRejected(ValueError):
@@ -34,6 +35,7 @@ class AdmissionMixin:
     running: list[Request]
     pool: BlockPool
     host_tier: HostTier | None
+    storage: StorageTier | None
     page_size: int
     role: str
     _free_slots: list[int]
@@ -75,6 +77,7 @@ class AdmissionMixin:
     ) -> int:
         page = self.page_size
         tier = self.host_tier
+        storage = self.storage
         while self.waiting and budget > 0 and self._free_slots:
             req = self.waiting[0]
             if req.image is not None:
@@ -91,6 +94,16 @@ class AdmissionMixin:
             host_hits: list[int] = []
             if self.pool.enable_prefix_caching and not req.wants_prompt_logprobs:
                 hash_full_blocks(req, page)
+                # Never prepared: its QUERY, if it is planned now, makes it wait apart. (A
+                # disaggregated request's pages belong to its transfer: not prepared.)
+                if (
+                    storage is not None
+                    and not req.storage_settled
+                    and req.room is None
+                    and storage.prepare(plan, req)
+                ):
+                    self.waiting.popleft()
+                    continue
                 # At least the last token is recomputed: its logits sample the next one.
                 keys = req.block_hashes[: (req.num_tokens - 1) // page]
                 hits = self.pool.lookup(keys)
@@ -112,6 +125,8 @@ class AdmissionMixin:
             fresh = self.pool.allocate(need)
             if host_hits:  # loaded into its first fresh blocks; its forward reads them
                 tier.plan_load(plan, req, host_hits, fresh[: len(host_hits)])
+            if storage is not None:
+                storage.admitted(req)  # what it fetched is referenced by its load now
             req.block_ids = hits + fresh
             req.num_computed = computed
             req.num_cached_blocks = len(hits)

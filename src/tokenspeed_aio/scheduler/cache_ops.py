@@ -1,4 +1,5 @@
-"""The plan's cache ops: copies between the device KV pool and the host tiers.
+"""The plan's cache ops: copies between the device KV pool and the host tiers, and the
+storage (L3) operations between the L2 host pool and the store.
 
 The scheduler plans them with the rest of the plan and owns every page they name until
 their acknowledgment (ACK), which the control plane polls, intersects across the replica
@@ -103,6 +104,55 @@ class RestoreOp:
 
 CacheOp = WriteBackOp | LoadBackOp | SnapshotOp | RestoreOp
 
+# -- storage (L3) operations: run by the control plane's L3 executor on host worker
+# threads, apart from device work; each completes once every rank of the replica reported
+# it (control/storage.py). ``keys`` are hash-chain keys (hash, parent hash, tokens).
+
+
+@dataclass(frozen=True, slots=True)
+class QueryOp:
+    """Which of a waiting request's next blocks the store holds: its result is the length
+    of the leading run of ``keys`` found (the smallest over the replica's ranks)."""
+
+    kind: ClassVar[str] = "query"
+    op_id: int
+    rid: str
+    keys: tuple[tuple[int, int | None, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GetOp:
+    """Fetch objects into L2 host blocks reserved for them, before the request is
+    admitted; the blocks belong to the op until it completes."""
+
+    kind: ClassVar[str] = "get"
+    op_id: int
+    rid: str
+    keys: tuple[tuple[int, int | None, tuple[int, ...]], ...]
+    host_blocks: tuple[int, ...]  # aligned with keys
+
+
+@dataclass(frozen=True, slots=True)
+class PutOp:
+    """Publish hash-complete L2 pages (landed, referenced by the op until it completes)."""
+
+    kind: ClassVar[str] = "put"
+    op_id: int
+    keys: tuple[tuple[int, int | None, tuple[int, ...]], ...]
+    host_blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOp:
+    """Stop an open QUERY or GET (its request ended): it then completes as cancelled, and
+    a GET writes nothing more into its blocks. Completes nothing of its own."""
+
+    kind: ClassVar[str] = "cancel"
+    op_id: int  # the op to stop
+
+
+StorageOp = QueryOp | GetOp | PutOp | CancelOp
+
 
 @dataclass(slots=True)
 class CachePlan:
@@ -112,9 +162,13 @@ class CachePlan:
     snapshots: list[SnapshotOp] = field(default_factory=list)
     loads: list[LoadBackOp] = field(default_factory=list)
     restores: list[RestoreOp] = field(default_factory=list)
+    # L3 operations: the control plane submits them to the storage executor, not the device
+    storage: list[StorageOp] = field(default_factory=list)
 
     def ops(self) -> list[CacheOp]:
+        """The device cache ops (the storage ones are apart)."""
         return [*self.write_backs, *self.snapshots, *self.loads, *self.restores]
 
     def __bool__(self) -> bool:
+        """Any device cache op (a plan with storage ops only needs no device work)."""
         return bool(self.write_backs or self.snapshots or self.loads or self.restores)

@@ -121,6 +121,16 @@ class HostBlockPool:
                 self._index[key[0]] = block
                 self.events.stored(key[0], key[1], key[2], CPU)
 
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def published_key(self, block: int) -> BlockKey | None:
+        """The key ``block`` holds, if it is published (landed and in the index)."""
+        key = self._key[block]
+        if key is None or self._index.get(key[0]) != block:
+            return None
+        return key
+
     def is_landed(self, block: int) -> bool:
         return self._landed[block]
 

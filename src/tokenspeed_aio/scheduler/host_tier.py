@@ -100,6 +100,8 @@ class HostTier:
         self._open: dict[int, tuple[CacheOp, Request | None, RetractionImage | None]] = {}
         self._next_op_id = 0
         self.stats = HostTierStats()
+        # With the L3 tier: where the blocks whose write-back landed go (to be published)
+        self.landed_sink: list[int] | None = None
 
     # -- planning ------------------------------------------------------------
     def begin_plan(self, plan: ExecutionPlan) -> None:
@@ -249,6 +251,8 @@ class HostTier:
             op, req, image = entry
             if isinstance(op, WriteBackOp):
                 self.host.landed(op.dst_blocks)
+                if self.landed_sink is not None:
+                    self.landed_sink.extend(op.dst_blocks)
                 if image is None:  # write-through or eviction: the op held the blocks
                     self.host.unref(op.dst_blocks)
                     if not op.stream_ordered:

@@ -18,6 +18,9 @@ class Status(enum.Enum):
     WAITING = "waiting"  # submitted or retracted: holds no blocks, no slot
     RUNNING = "running"  # resident: holds blocks and a slot
     RESTORING = "restoring"  # holds blocks and a slot its retraction image is copied into
+    # L3: out of the waiting queue while the store is asked for its prefix and the pages
+    # found are fetched into L2 (scheduler/storage.py); holds no device block, no slot
+    PREPARING = "preparing"
     # Prefill/decode disaggregation: holds its pages (and on a decode engine its slot) and
     # is planned no forward while its KV transfer runs or retires (scheduler/transfers.py)
     TRANSFERRING = "transferring"
@@ -48,6 +51,8 @@ class Request:
         "seed",
         "slot",
         "status",
+        "storage",
+        "storage_settled",
         "submitted_at",
         "token_ids",
         "wants_prompt_logprobs",
@@ -96,6 +101,10 @@ class Request:
         # for a plain request, and once the transfer ended (a landed request decodes as
         # a plain one from then on).
         self.room = None if bootstrap is None else bootstrap.room
+        # L3: its storage transaction (storage.Preparation) while it prepares and until it
+        # is admitted; and whether it was prepared already (it is prepared once)
+        self.storage = None
+        self.storage_settled = False
         self.bootstrap = bootstrap  # where the other half runs (the transfer peer's)
 
     @property

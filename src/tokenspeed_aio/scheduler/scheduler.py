@@ -8,7 +8,10 @@ requests), and ``drain_kv_events`` once after the round's last mutation.
 With the host tier on (``SchedulerConfig.host``, host_tier.py) a plan also carries cache
 ops: L2 write-backs and load-backs, and retraction images -- a capacity retraction's
 victim is imaged (stored to the host tiers and restored later, without recompute) when its
-image fits, and recomputes from the waiting queue when it does not.
+image fits, and recomputes from the waiting queue when it does not. With the L3 storage
+tier on as well (``SchedulerConfig.storage``, storage.py) a plan carries storage
+operations too: a waiting request is prepared (its prefix queried and fetched from the
+store into L2) before it is admitted, and pages landing in L2 are published to the store.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import msgspec
 
 from tokenspeed_aio.scheduler.admission import AdmissionMixin, SubmissionRejected
 from tokenspeed_aio.scheduler.block_pool import BlockPool
@@ -34,6 +39,7 @@ from tokenspeed_aio.scheduler.plan import (
 from tokenspeed_aio.scheduler.prefix_cache import publish_full_blocks
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.rows import schedule_row
+from tokenspeed_aio.scheduler.storage import StorageTier
 from tokenspeed_aio.scheduler.transfers import ROLES, TransferMixin
 from tokenspeed_aio.wire.messages import CacheLoad, Load
 
@@ -50,6 +56,11 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     role: str = "plain"  # prefill / decode: one side of a disaggregated deployment
     host: HostTierConfig | None = None  # the L2 host pool and snapshot pool; None: off
+    storage: bool = False  # the L3 storage tier (needs the host tier and prefix caching)
+
+    def __post_init__(self) -> None:
+        if self.storage and (self.host is None or not self.enable_prefix_caching):
+            raise ValueError("the L3 storage tier needs the L2 host tier and prefix caching")
 
 
 class Scheduler(AdmissionMixin, TransferMixin):
@@ -65,6 +76,10 @@ class Scheduler(AdmissionMixin, TransferMixin):
             if config.host is not None
             else None
         )
+        self.storage = None
+        if config.storage:
+            self.storage = StorageTier(self.pool, self.host_tier.host, config.page_size)
+            self.host_tier.landed_sink = self.storage.landed
         self.requests: dict[str, Request] = {}  # every request held, finished ones included
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
@@ -81,14 +96,19 @@ class Scheduler(AdmissionMixin, TransferMixin):
         return rid in self.requests
 
     # -- head ---------------------------------------------------------------
-    def advance_head(self, aborted: Iterable[str], acknowledged: Iterable[int] = ()) -> None:
+    def advance_head(
+        self, aborted: Iterable[str], acknowledged: Iterable[int] = (), stored: Iterable = ()
+    ) -> None:
         """Apply what must be known before planning: the cache ops every rank of the
-        replica acknowledged (a landed restore makes its request schedulable), then the
-        requests the clients aborted (one whose transfer is tracked only parks until the
-        transfer retired)."""
+        replica acknowledged (a landed restore makes its request schedulable), the storage
+        operations it agreed on (a settled preparation returns its request to the front of
+        the waiting queue), then the requests the clients aborted (one whose transfer is
+        tracked only parks until the transfer retired)."""
         if self.host_tier is not None:
             for req, image in self.host_tier.acknowledged(acknowledged):
                 self._restored(req, image)
+        if self.storage is not None:
+            self.waiting.extendleft(reversed(self.storage.results(stored)))
         for rid in aborted:
             req = self.requests.get(rid)
             if req is not None and req.status is not Status.FINISHED:
@@ -121,6 +141,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
         tier = self.host_tier
         if tier is not None:
             tier.begin_plan(plan)
+        if self.storage is not None:
+            self.storage.begin_plan(plan, allow_puts=allow_forward)
         if not allow_forward:
             return plan
         budget = self.config.max_num_batched_tokens
@@ -302,6 +324,10 @@ class Scheduler(AdmissionMixin, TransferMixin):
             self.waiting.remove(req)
             if req.image is not None:
                 self.host_tier.discard(req)
+            if req.storage is not None:
+                self.storage.ended(req)
+        elif req.status is Status.PREPARING:  # its open op is cancelled, keeps its pages
+            self.storage.ended(req)
         elif req.status is Status.TRANSFERRING:  # its pages and slot, if any
             self._unqueue(req)
             self.pool.free(req.block_ids)
@@ -319,7 +345,11 @@ class Scheduler(AdmissionMixin, TransferMixin):
         """Whether a flush may run now (non-mutating): no request holds a KV block, and
         with the host tier no cache op is open and no retraction image is held."""
         tier = self.host_tier
-        return self.pool.num_active == 0 and (tier is None or tier.idle())
+        return (
+            self.pool.num_active == 0
+            and (tier is None or tier.idle())
+            and (self.storage is None or not self.storage.has_work())
+        )
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix, in both tiers (one AllBlocksCleared event); False while
@@ -328,6 +358,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
             return False
         if self.host_tier is not None:
             self.host_tier.host.clear()
+        if self.storage is not None:  # the flush deleted the store's objects too
+            self.storage.forget()
         return self.pool.reset_prefix_cache()
 
     def cached_block_hashes(self) -> set[int]:
@@ -351,6 +383,16 @@ class Scheduler(AdmissionMixin, TransferMixin):
                 images=tier.stats.images,
                 restores=tier.stats.restores,
             )
+        if self.storage is not None:
+            st = self.storage.stats
+            cache = msgspec.structs.replace(
+                cache,
+                l3_queries=st.queries,
+                l3_query_hit_tokens=st.query_hit_tokens,
+                l3_fetched_tokens=st.fetched_tokens,
+                l3_recomputed_tokens=st.recomputed_tokens,
+                l3_preparing=len(self.storage.preparing),
+            )
         return Load(
             running=len(self.running),
             waiting=len(self.waiting),
@@ -373,11 +415,15 @@ class Scheduler(AdmissionMixin, TransferMixin):
             or self._inflight
             or self._transfers_pending()
             or (tier is not None and tier.has_work())
+            or (self.storage is not None and self.storage.has_work())
         )
 
     def has_cache_work(self) -> bool:
-        """A host-tier cache op to land or a write-back to plan."""
-        return self.host_tier is not None and self.host_tier.has_work()
+        """A host-tier cache op to land or a write-back to plan, or a storage op open."""
+        tier, storage = self.host_tier, self.storage
+        return (tier is not None and tier.has_work()) or (
+            storage is not None and storage.has_work()
+        )
 
     def check_idle(self) -> None:
         """Leak check: no request, slot, block or in-flight forward is held."""
@@ -389,6 +435,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
             )
         if len(self._free_slots) != self.config.max_num_seqs:
             raise AssertionError(f"slot leak: {len(self._free_slots)} free slots")
+        if self.storage is not None:
+            self.storage.check_idle()
         if self.host_tier is not None:
             self.host_tier.check_idle()
         self.pool.check_idle()

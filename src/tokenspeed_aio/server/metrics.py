@@ -24,6 +24,8 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
                 0.75, 1.0, 2.5)  # fmt: skip
 E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                50.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+L3_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+              10.0, 30.0)  # fmt: skip
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)  # fmt: skip
 NO_LABELS: dict[str, str] = {}
@@ -100,6 +102,13 @@ class ServerMetrics:
             "pd_pages_quarantined", "Landing pages held until a lost prefill peer stops."
         )
         self._pd_totals: dict[str, list[float]] = {}  # role -> [bytes, seconds] of ok ones
+        # The L3 storage tier's operations, by kind (query, get, put) and outcome
+        self.l3_ops = counter("l3_ops_total", "L3 storage operations ended, by kind and outcome.")
+        self.l3_seconds = histogram(
+            "l3_op_seconds",
+            "L3 storage operations' latency (submission to replica-agreed completion).",
+            L3_BUCKETS,
+        )
         frontend.on_transfers = self.transfers
         self.prefix_queries = counter(
             "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."
@@ -127,6 +136,11 @@ class ServerMetrics:
 
     def transfers(self, records: list[TransferRecord]) -> None:
         for rec in records:
+            if rec.role.startswith("l3_"):
+                kind = {"kind": rec.role.removeprefix("l3_")}
+                self.l3_ops.inc({**kind, "outcome": rec.outcome})
+                self.l3_seconds.observe({**kind, "outcome": rec.outcome}, rec.seconds)
+                continue
             role = {"role": rec.role}
             self.pd_transfers.inc({**role, "outcome": rec.outcome})
             self.pd_bytes.add(role, rec.num_bytes)
@@ -202,10 +216,29 @@ class CacheMetrics:
             "Write-back latency (dispatch to acknowledgment), summed over write-backs.",
         ),
         "retraction_images_total": ("images", "Retraction victims stored to the host tiers."),
+        "l3_queries_total": ("l3_queries", "Requests whose prefix was queried in L3."),
+        "l3_query_hit_tokens_total": (
+            "l3_query_hit_tokens",
+            "Prompt tokens an L3 query found in the store.",
+        ),
+        "l3_fetched_tokens_total": ("l3_fetched_tokens", "Prompt tokens fetched from L3 into L2."),
+        "l3_recomputed_tokens_total": (
+            "l3_recomputed_tokens",
+            "Prompt tokens found in L3 but recomputed (a failed or timed-out fetch, L2 full).",
+        ),
+        "l3_get_bytes_total": ("l3_get_bytes", "Bytes fetched from L3 (all ranks)."),
+        "l3_put_bytes_total": ("l3_put_bytes", "Bytes published to L3 (all ranks)."),
+        "l3_failures_total": ("l3_failures", "L3 operations failed (timeouts included)."),
+        "l3_timeouts_total": ("l3_timeouts", "L3 operations that timed out."),
         "retraction_restores_total": ("restores", "Retraction images restored into a slot."),
     }
     GAUGES: ClassVar[dict[str, tuple[str, str]]] = {
         "l2_blocks_total": ("host_total_blocks", "Blocks of the L2 host KV pools."),
+        "l3_requests_preparing": ("l3_preparing", "Requests waiting for their L3 fetch."),
+        "l3_queue_depth": (
+            "l3_queue_depth",
+            "L3 operations in the executors' queues (the worst rank of each replica).",
+        ),
         "l2_blocks_resident": ("host_resident_blocks", "L2 host blocks holding a KV block."),
         "l2_blocks_active": (
             "host_active_blocks",

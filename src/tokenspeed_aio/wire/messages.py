@@ -77,6 +77,18 @@ class CacheLoad(msgspec.Struct, array_like=True, frozen=True):
     write_backs: int = 0  # acknowledged L2 write-backs
     write_back_bytes: int = 0
     write_back_seconds: float = 0.0
+    # the L3 storage tier (zero without it): the scheduler's counts ...
+    l3_queries: int = 0  # requests whose prefix was queried in the store
+    l3_query_hit_tokens: int = 0  # prompt tokens the store was found holding
+    l3_fetched_tokens: int = 0  # prompt tokens fetched into L2
+    l3_recomputed_tokens: int = 0  # found but not fetched (a failed GET, L2 full)
+    l3_preparing: int = 0  # requests preparing now
+    # ... and the control plane's, from the agreed reports
+    l3_get_bytes: int = 0  # fetched, all ranks
+    l3_put_bytes: int = 0  # published, all ranks
+    l3_failures: int = 0  # operations failed (timeouts included, cancels not)
+    l3_timeouts: int = 0
+    l3_queue_depth: int = 0  # operations in the worst member's executor now
 
 
 class Load(msgspec.Struct, array_like=True, frozen=True):
@@ -103,7 +115,9 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
 
 class TransferRecord(msgspec.Struct, array_like=True, frozen=True):
     """One KV transfer that ended, for the metrics: the side that reports it, how it ended
-    (ok | failed | cancelled), the bytes every rank moved and the seconds it took."""
+    (ok | failed | cancelled), the bytes every rank moved and the seconds it took. An L3
+    storage operation is reported the same way, its role ``l3_query``, ``l3_get`` or
+    ``l3_put`` (outcome ok | failed | timeout | cancelled)."""
 
     role: str
     outcome: str
