@@ -174,7 +174,7 @@ class GuardMiddleware:
                 code="shutting_down",
                 headers={"retry-after": DRAIN_RETRY_AFTER, "connection": "close"},
             )
-        if method in BODY_METHODS and not _json_or_empty(headers):
+        if method in BODY_METHODS and not _json_content(headers):
             kind = headers.get(b"content-type", b"").decode("latin-1")
             return error_response(
                 415,
@@ -263,17 +263,12 @@ def _bearer(headers: dict[bytes, bytes], key: bytes) -> bool:
     return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
 
 
-def _json_or_empty(headers: dict[bytes, bytes]) -> bool:
-    """A JSON Content-Type, or no body at all (a control route called without one)."""
+def _json_content(headers: dict[bytes, bytes]) -> bool:
+    """A JSON Content-Type, or none (a client that names no type; a browser sending a
+    body without one is cross-origin only with an Origin header, refused before this)."""
     kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-    if kind == b"application/json" or (
+    return not kind or kind == b"application/json" or (
         kind.startswith(b"application/") and kind.endswith(b"+json")
-    ):
-        return True
-    return (
-        not kind
-        and headers.get(b"content-length", b"0") == b"0"
-        and (b"transfer-encoding" not in headers)
     )
 
 
