@@ -176,6 +176,11 @@ class Launcher:
         await asyncio.to_thread(self._reap, grace)
         for rank in self.ranks:
             rank.close()
+        codes = self.exit_codes()
+        if any(codes):
+            logger.warning("rank processes exited with %s", codes)
+        else:
+            logger.info("rank processes exited with %s", codes)
 
     def _reap(self, grace: float) -> None:
         for rank in self.ranks:

@@ -66,7 +66,9 @@ class Scheduler(AdmissionMixin, TransferMixin):
             else None
         )
         self.requests: dict[str, Request] = {}  # every request held, finished ones included
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] = deque()  # in fair turns (admission.py)
+        self._next_round: dict[str, int] = {}
+        self._arrivals = 0
         self.running: list[Request] = []  # admission order
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         # plan id -> the dispatched plan's requests, aligned with its rows

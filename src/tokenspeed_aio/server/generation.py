@@ -173,6 +173,7 @@ class Fanout:
             sampling_params=job.params,
             rid=job.rid,
             bootstrap=job.bootstrap,
+            group=self.request_id,
         )
         try:
             async with contextlib.aclosing(stream):

@@ -267,8 +267,10 @@ def _json_content(headers: dict[bytes, bytes]) -> bool:
     """A JSON Content-Type, or none (a client that names no type; a browser sending a
     body without one is cross-origin only with an Origin header, refused before this)."""
     kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-    return not kind or kind == b"application/json" or (
-        kind.startswith(b"application/") and kind.endswith(b"+json")
+    return (
+        not kind
+        or kind == b"application/json"
+        or (kind.startswith(b"application/") and kind.endswith(b"+json"))
     )
 
 
