@@ -141,6 +141,8 @@ CASES = [
     ("json-schema-text-not-json", COMP, c(json_schema="{not json"), 400, ["json_schema", "JSON"]),
     ("json-schema-nested-2000-deep", COMP, deep_schema_body(2000), 400, ["nested too deeply"]),
     ("regex-unclosed", COMP, c(regex="(unclosed"), 400, ["regex"]),
+    ("prompt-token-id-2^64", COMP, c(prompt=[2**64]), 400,
+     ["prompt", "18446744073709551616", "vocabulary"]),
     ("ebnf-broken", COMP, c(ebnf="root ::= "), 400, ["ebnf"]),
     ("two-grammars", COMP, c(regex="a+", ebnf='root ::= "a"'), 400,
      ["one structured-output field"]),
