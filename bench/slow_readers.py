@@ -1,10 +1,12 @@
 """Frontend memory under clients that read their streams slowly: N raw-socket clients
-(a 4 KiB receive window, reading 1 KiB a second) each stream a long completion and start
-another when one ends, for a while; the frontend's RSS is sampled every second, then
-measured again after they left. Run once with the default --max-stream-backlog and once
-with the bound out of reach (the baseline: what the frontend held before the bound).
+(a 4 KiB receive window, reading 1 KiB a second) each stream a long completion (n=16,
+as many tokens as the context allows) and start another when one ends, for a while;
+the frontend's RSS is sampled every second, then measured again 15 s after they left.
+Each phase is READERS:SECONDS[:BACKLOG] on a fresh server: BACKLOG is
+--max-stream-backlog (default: the server's default; a huge value is the baseline,
+what the frontend held before the bound).
 
-    python bench/slow_readers.py [--readers 50] [--seconds 120] [--baseline-seconds 60]
+    python bench/slow_readers.py --phase 50:120 --phase 3:120 --phase 3:120:100000000
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import psutil
 from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 
 MiB = 2**20
+N = 16  # choices per stream
 
 
 def free_port() -> int:
@@ -71,10 +74,7 @@ async def slow_reader(port: int, body: bytes, stop: float, counts: dict) -> None
             chunk = await loop.sock_recv(sock, 1024)
             if not chunk:
                 break
-            tail = (tail + chunk)[-4096:]
-            if b"stream_backlog_exceeded" in tail:
-                counts["cut"] += 1
-                tail = b""
+            tail = (tail + chunk)[-16:]
             if tail.endswith(b"0\r\n\r\n"):
                 counts["ended"] += 1
                 break
@@ -82,17 +82,27 @@ async def slow_reader(port: int, body: bytes, stop: float, counts: dict) -> None
         sock.close()
 
 
+def aborted_choices(port: int) -> float:
+    """Choices the server ended with finish reason abort (a cut stream's choices)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("tokenspeed:request_success_total") and '"abort"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 async def phase(port: int, pid: int, readers: int, seconds: float, body: bytes) -> dict:
     proc = psutil.Process(pid)
     loop = asyncio.get_running_loop()
     baseline = proc.memory_info().rss
-    counts = {"cut": 0, "ended": 0}
+    counts = {"ended": 0}
     stop = loop.time() + seconds
     tasks = [asyncio.create_task(slow_reader(port, body, stop, counts)) for _ in range(readers)]
     samples = []
     while loop.time() < stop:
         await asyncio.sleep(1.0)
         samples.append(proc.memory_info().rss)
+    cut = aborted_choices(port) / N  # before the readers leave (which aborts the rest)
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.sleep(15)  # the readers are gone: let the aborts settle
     after = proc.memory_info().rss
@@ -103,8 +113,8 @@ async def phase(port: int, pid: int, readers: int, seconds: float, body: bytes) 
         "rss_peak_mib": round(max(samples) / MiB, 1),
         "rss_last_under_load_mib": round(samples[-1] / MiB, 1),
         "rss_15s_after_mib": round(after / MiB, 1),
-        "streams_cut_by_the_bound": counts["cut"],
-        "streams_ended": counts["ended"],
+        "streams_cut_by_the_bound": cut,
+        "streams_ended_while_reading": counts["ended"],
     }
 
 
@@ -115,8 +125,14 @@ def measure(readers: int, seconds: float, extra: list[str]) -> dict:
         info = httpx.get(f"http://127.0.0.1:{port}/model_info", timeout=10).json()
         max_tokens = int(info["max_model_len"]) - 16
         body = json.dumps(
-            {"prompt": "The for statement", "max_tokens": max_tokens, "n": 4, "stream": True,
-             "temperature": 0, "ignore_eos": True, "logprobs": 5}  # fmt: skip
+            {
+                "prompt": "The for statement",
+                "max_tokens": max_tokens,
+                "n": N,
+                "stream": True,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
         ).encode()
         for _ in range(3):  # warm-up: the baseline is a server that has served
             httpx.post(
@@ -133,27 +149,18 @@ def measure(readers: int, seconds: float, extra: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--readers", type=int, default=50)
-    ap.add_argument("--seconds", type=float, default=120)
-    ap.add_argument("--baseline-seconds", type=float, default=60)
+    ap.add_argument("--phase", action="append", default=None, help="READERS:SECONDS[:BACKLOG]")
     ap.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     args = ap.parse_args()
-    bounded = measure(args.readers, args.seconds, [])
-    print(json.dumps(bounded, indent=1))
-    unbounded = measure(args.readers, args.baseline_seconds, ["--max-stream-backlog=100000000"])
-    print(json.dumps(unbounded, indent=1))
+    phases = []
+    for spec in args.phase or ["50:120", "3:120", "3:120:100000000"]:
+        readers, seconds, *backlog = spec.split(":")
+        extra = [f"--max-stream-backlog={backlog[0]}"] if backlog else []
+        phases.append(measure(int(readers), float(seconds), extra))
+        print(json.dumps(phases[-1]), flush=True)
     out = args.out or default_out_path("slow-readers-cpu")
-    out.write_text(
-        json.dumps(
-            {
-                "machine": f"{platform.node()} {os.cpu_count()} CPUs",
-                "bounded": bounded,
-                "unbounded_baseline": unbounded,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    machine = f"{platform.node()} {os.cpu_count()} CPUs"
+    out.write_text(json.dumps({"machine": machine, "phases": phases}, indent=1) + "\n")
     print(f"wrote {out}")
 
 

@@ -2,7 +2,7 @@
 running ones finish up to --shutdown-timeout, the rest are aborted), every open stream
 ends with a final chunk carrying its finish_reason, then [DONE] and the chunked
 terminator (httpx refuses a body cut without it); a second signal stops at once; exit 0
-and no IPC socket file left. With --dp 2 the stop rides the DP agreement: every rank
+and no IPC socket file left (nor after a failed start). With --dp 2 the stop rides the DP agreement: every rank
 exits 0 and none fails in the mesh."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -143,4 +145,16 @@ def test_dp2_server_stops_under_load_with_every_rank_clean(
     assert "rank processes exited with [0, 0]" in log, log[-3000:]
     for bad in ("Traceback", "MeshError", "CollectiveError"):
         assert bad not in log, log[-3000:]
+    assert os.listdir(ipc) == []
+
+
+def test_a_failed_start_exits_nonzero_and_leaves_no_ipc_file(reliability_checkpoint, tmpdir_env):
+    ipc, env = tmpdir_env
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenspeed_aio", "serve", f"--model={reliability_checkpoint}",
+         "--port=0", "--device=cuda", "--log-level=warning"],  # no CUDA here: the rank fails
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "engine startup failed" in proc.stderr
     assert os.listdir(ipc) == []
