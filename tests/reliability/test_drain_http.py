@@ -60,6 +60,7 @@ async def load_then_signal(server, bodies: list[dict], signals: list[float]) -> 
         server.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         probe = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1})
+        health = await client.get("/health")
         for delay in signals:
             await asyncio.sleep(delay)
             server.proc.send_signal(signal.SIGTERM)
@@ -67,7 +68,10 @@ async def load_then_signal(server, bodies: list[dict], signals: list[float]) -> 
     code = await asyncio.to_thread(server.proc.wait, 30)
     exited = time.monotonic() - sent
     gone = psutil.wait_procs(ranks, timeout=5)[1] == []
-    return {"streams": results, "probe": probe, "code": code, "exited": exited, "gone": gone}
+    return {
+        "streams": results, "probe": probe, "health": health.status_code, "code": code,
+        "exited": exited, "gone": gone,
+    }  # fmt: skip
 
 
 def check_streams(results: list[list], bodies: list[dict]) -> list[str]:
@@ -105,6 +109,7 @@ def test_sigterm_drains_and_every_stream_ends_properly(
     assert got["probe"].status_code == 503, got["probe"].text
     assert got["probe"].headers["retry-after"] == "5"
     assert got["probe"].json()["error"]["code"] == "shutting_down"
+    assert got["health"] == 503  # a load balancer stops routing here
     reasons = check_streams(got["streams"], bodies)
     assert reasons.count("length") >= 10 and reasons.count("abort") >= 10, reasons
     assert got["code"] == 0 and got["gone"]

@@ -4,7 +4,8 @@ length, a head or body that never ends (408), idle and kept-alive connections (c
 the number of open connections (503), a Content-Length past 64 bits, the parser's own
 400s -- every refusal an OpenAI-style JSON body naming the limit -- and a streaming
 client that stops reading (cut off with an error event, its request aborted, its blocks
-freed). Admission: the sequences one request may create and the sequences in flight."""
+freed). Admission: the sequences one request may create and the sequences in flight.
+Browsers: Host, Origin, Content-Type, and the admin key."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ LIMITS = {
     "max-stream-backlog": 4,
     "max-sequences-per-request": 32,
     "max-waiting-sequences": 40,
+    "admin-api-key": "admin-key",
 }
+ADMIN_KEY = LIMITS["admin-api-key"]
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +236,33 @@ def test_admission_caps_sequences_per_request_and_in_flight(server):
         assert big.status_code == 200 and fits.status_code == 200, (big.text, fits.text)
         assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
         assert "--max-waiting-sequences" in over.json()["error"]["message"]
+
+
+def test_loopback_is_safe_from_web_pages(server):
+    """DNS rebinding (a foreign Host), a cross-site POST (a foreign Origin, a text/plain
+    body), and the admin routes without the admin key are refused; the same requests
+    from the server's own origin, or with the key, are served."""
+    own = f"127.0.0.1:{server.port}"
+    body = {"prompt": "a", "max_tokens": 1}
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.base_url, timeout=30) as c:
+        rebound = c.get("/v1/models", headers={"Host": f"evil.example:{server.port}"})
+        assert rebound.status_code == 421 and rebound.json()["error"]["param"] == "Host"
+        assert c.get("/v1/models", headers={"Host": f"localhost:{server.port}"}).status_code == 200
+        foreign = c.post("/v1/completions", json=body, headers={"Origin": "https://evil.example"})
+        assert foreign.status_code == 403 and "--allowed-origins" in foreign.text
+        same = c.post("/v1/completions", json=body, headers={"Origin": f"http://{own}"})
+        assert same.status_code == 200, same.text
+        plain = c.post(
+            "/abort_request",
+            content=json.dumps({"abort_all": True}),
+            headers={"Content-Type": "text/plain"},
+        )
+        assert plain.status_code == 415
+        everything = c.post("/abort_request", json={"abort_all": True})
+        assert everything.status_code == 403 and "admin" in everything.json()["error"]["message"]
+        assert c.post("/abort_request", json={"abort_all": True}, headers=admin).status_code == 200
+        assert c.post("/abort_request", json={"rid": "nobody"}).status_code == 200
+        for path in ("/flush_cache", "/pause_generation", "/release_memory_occupation"):
+            assert c.post(path).status_code == 401, path
+        assert c.post("/flush_cache", headers=admin).status_code == 200

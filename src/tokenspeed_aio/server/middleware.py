@@ -53,7 +53,7 @@ ADMIN_PATHS = frozenset(
         "/start_profile", "/stop_profile",
     }
 )  # fmt: skip
-OPEN_PATHS = frozenset({"/health", "/metrics"})  # answered during a drain too
+OPEN_PATHS = frozenset({"/metrics"})  # answered during a drain too (/health: 503 then)
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "127.0.0.1", "::1"})
 DRAIN_RETRY_AFTER = "5"  # seconds a client is told to wait while the server stops
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
