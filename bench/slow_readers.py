@@ -99,10 +99,13 @@ async def phase(port: int, pid: int, readers: int, seconds: float, body: bytes) 
     stop = loop.time() + seconds
     tasks = [asyncio.create_task(slow_reader(port, body, stop, counts)) for _ in range(readers)]
     samples = []
-    while loop.time() < stop:
+    cut = 0.0
+    while loop.time() < stop - 2:  # the last count comes before the readers leave
         await asyncio.sleep(1.0)
         samples.append(proc.memory_info().rss)
-    cut = aborted_choices(port) / N  # before the readers leave (which aborts the rest)
+        if len(samples) % 10 == 0:
+            cut = await asyncio.to_thread(aborted_choices, port) / N
+    cut = await asyncio.to_thread(aborted_choices, port) / N
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.sleep(15)  # the readers are gone: let the aborts settle
     after = proc.memory_info().rss
@@ -159,6 +162,7 @@ def main() -> None:
         phases.append(measure(int(readers), float(seconds), extra))
         print(json.dumps(phases[-1]), flush=True)
     out = args.out or default_out_path("slow-readers-cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.node()} {os.cpu_count()} CPUs"
     out.write_text(json.dumps({"machine": machine, "phases": phases}, indent=1) + "\n")
     print(f"wrote {out}")
