@@ -92,7 +92,7 @@ def tmpdir_env(tmp_path):
     return ipc, {"TMPDIR": str(ipc)}
 
 
-SHORT = {"prompt": "a b", "max_tokens": 8, **GREEDY}
+SHORT = {"prompt": "a b", "max_tokens": 4, **GREEDY}
 LONG = {"prompt": "c d", "max_tokens": 2000, "n": 2, **GREEDY}
 
 
@@ -103,7 +103,7 @@ def test_sigterm_drains_and_every_stream_ends_properly(
     bodies = [SHORT] * 10 + [LONG] * 10
     with run_server(
         reliability_checkpoint, tmp_path, api_key=None, env=env, log_level="info",
-        extra=("--shutdown-timeout=1.5",), **SETTINGS,
+        extra=("--shutdown-timeout=4",), **SETTINGS,
     ) as server:  # fmt: skip
         got = asyncio.run(load_then_signal(server, bodies, []))
     assert got["probe"].status_code == 503, got["probe"].text
@@ -113,7 +113,7 @@ def test_sigterm_drains_and_every_stream_ends_properly(
     reasons = check_streams(got["streams"], bodies)
     assert reasons.count("length") >= 10 and reasons.count("abort") >= 10, reasons
     assert got["code"] == 0 and got["gone"]
-    assert got["exited"] < 1.5 + 10, got["exited"]
+    assert got["exited"] < 4 + 10, got["exited"]
     assert os.listdir(ipc) == [], os.listdir(ipc)
     log = server.log()
     assert "Traceback" not in log and "rank processes exited with [0]" in log
