@@ -24,8 +24,10 @@ def test_a_small_request_beside_a_16000_sequence_request_finishes_within_2s(
                 prompts = [f"p{i} q" for i in range(BIG_PROMPTS)]
                 body = {"prompt": prompts, "n": BIG_N, "max_tokens": 4, **GREEDY}
                 big = asyncio.create_task(client.post("/v1/completions", json=body))
-                while (await server.metrics())["tokenspeed:num_requests_waiting"] < 1000:
-                    await asyncio.sleep(0.05)  # the fan-out reached the engine
+                # The whole fan-out reached the engine (all but the running 64 wait):
+                # from here on the small request competes with it for admission only.
+                while (await server.metrics())["tokenspeed:num_requests_waiting"] < 15000:
+                    await asyncio.sleep(0.05)
                 began = time.monotonic()
                 small = await client.post(
                     "/v1/completions", json={"prompt": "a b", "max_tokens": 4, **GREEDY}
