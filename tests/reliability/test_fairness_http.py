@@ -24,10 +24,16 @@ def test_a_small_request_beside_a_16000_sequence_request_finishes_within_2s(
                 prompts = [f"p{i} q" for i in range(BIG_PROMPTS)]
                 body = {"prompt": prompts, "n": BIG_N, "max_tokens": 4, **GREEDY}
                 big = asyncio.create_task(client.post("/v1/completions", json=body))
-                # The whole fan-out reached the engine (all but the running 64 wait):
-                # from here on the small request competes with it for admission only.
-                while (await server.metrics())["tokenspeed:num_requests_waiting"] < 15000:
-                    await asyncio.sleep(0.05)
+                # The fan-out reached the engine: the waiting queue stopped growing. From
+                # here on the small request competes with it for admission only.
+                last, deadline = 0.0, time.monotonic() + 120
+                while True:
+                    await asyncio.sleep(0.1)
+                    waiting = (await server.metrics())["tokenspeed:num_requests_waiting"]
+                    if waiting >= 1000 and waiting <= last:
+                        break
+                    assert time.monotonic() < deadline, f"the fan-out never settled: {waiting}"
+                    last = waiting
                 began = time.monotonic()
                 small = await client.post(
                     "/v1/completions", json={"prompt": "a b", "max_tokens": 4, **GREEDY}
