@@ -115,6 +115,7 @@ async def test_a_compile_past_the_timeout_fails(monkeypatch):
     now[0] = 102.5
     ((failed, message),) = (await queue.admit())[1]
     assert failed is req and "did not compile within 2 s" in message
+    assert message.startswith("regex: ") and "--grammar-compile-timeout-secs" in message
     compile_of(backend).set_result(1)  # a late compile changes nothing
     assert await queue.admit() == ([], []) and len(queue) == 0
 

@@ -110,8 +110,11 @@ async def test_rank_local_error_fails_every_rank_together(ckpt, monkeypatch, cap
 
 
 def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
-    """The server watches its ranks: one killed mid-serving ends the whole tree fast."""
+    """The server watches its ranks: one killed mid-serving ends the whole tree fast, and
+    leaves no IPC socket file behind."""
     path = ckpt("llama")
+    ipc = tmp_path / "ipc"
+    ipc.mkdir()
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 -- closed in the finally
     server = subprocess.Popen(
@@ -134,9 +137,11 @@ def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env={**os.environ, "TMPDIR": str(ipc)},
     )
     try:
         ranks = _wait_for_ranks(server, port, 2, timeout=60)
+        assert os.listdir(ipc), "the frontend's sockets live here while it serves"
         os.kill(ranks[1].pid, signal.SIGKILL)
         start = time.monotonic()
         code = server.wait(timeout=15)
@@ -149,6 +154,7 @@ def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
             server.kill()
         log.close()
     assert "rank 1 exited" in (tmp_path / "serve.log").read_text()
+    assert os.listdir(ipc) == []
 
 
 def _wait_for_ranks(

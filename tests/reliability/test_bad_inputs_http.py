@@ -64,8 +64,8 @@ CASES = [
     ("nested-garbage-100k-deep", COMP, nested(100_000), 400, ["nested too deeply"]),
     ("nested-garbage-in-chat", CHAT, b'{"messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
      400, ["messages[0]", "expected object"]),
-    ("form-encoded-body", COMP, (b"prompt=a&max_tokens=3", FORM), 400, ["malformed JSON"]),
-    ("text-plain-bad-json", GEN, (b"text=a", "text/plain"), 400, ["malformed JSON"]),
+    ("form-encoded-body", COMP, (b"prompt=a&max_tokens=3", FORM), 415, ["application/json"]),
+    ("text-plain-body", GEN, (b"text=a", "text/plain"), 415, ["Content-Type", "text/plain"]),
     # -- completions: prompt -------------------------------------------------------
     ("missing-prompt", COMP, {"max_tokens": 3}, 400, ["prompt", "required"]),
     ("prompt-object", COMP, {"prompt": {"a": 1}}, 400, ["prompt", "expected"]),
@@ -141,6 +141,8 @@ CASES = [
     ("json-schema-text-not-json", COMP, c(json_schema="{not json"), 400, ["json_schema", "JSON"]),
     ("json-schema-nested-2000-deep", COMP, deep_schema_body(2000), 400, ["nested too deeply"]),
     ("regex-unclosed", COMP, c(regex="(unclosed"), 400, ["regex"]),
+    ("prompt-token-id-2^64", COMP, c(prompt=[2**64]), 400,
+     ["prompt", "18446744073709551616", "vocabulary"]),
     ("ebnf-broken", COMP, c(ebnf="root ::= "), 400, ["ebnf"]),
     ("two-grammars", COMP, c(regex="a+", ebnf='root ::= "a"'), 400,
      ["one structured-output field"]),
@@ -278,12 +280,18 @@ async def test_unknown_fields_are_refused_by_name_on_the_openai_routes(server):
         assert response.status_code == 200, response.text
 
 
-async def test_the_content_type_is_not_required_to_be_json(server):
+async def test_a_body_that_names_its_type_must_name_json(server):
+    """A cross-site page can send text/plain without a CORS preflight: refused even when
+    the body is valid JSON. No Content-Type at all (a bare client) is read as JSON."""
+    body = json.dumps(c(max_tokens=1))
     async with server.client() as client:
-        response = await client.post(
-            COMP, content=json.dumps(c(max_tokens=1)), headers={"content-type": "text/plain"}
-        )
-    assert response.status_code == 200, response.text
+        plain = await client.post(COMP, content=body, headers={"content-type": "text/plain"})
+        assert plain.status_code == 415, plain.text
+        assert plain.json()["error"]["param"] == "Content-Type"
+        for kind in ("application/json; charset=utf-8", None):
+            headers = {"content-type": kind} if kind else {}
+            ok = await client.post(COMP, content=body, headers=headers)
+            assert ok.status_code == 200, (kind, ok.text)
 
 
 async def test_after_every_bad_input_the_server_serves_the_same_answers(server, probe_text):

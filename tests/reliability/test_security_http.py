@@ -124,3 +124,20 @@ async def test_an_engine_failure_reaches_clients_without_a_traceback(
     for text in (plain.text, *events):
         assert "Traceback" not in text and "InjectedFault" not in text and 'File "' not in text
     assert "Traceback" in log and "InjectedFault" in log
+
+
+def test_tp2_ranks_listen_on_loopback_only(reliability_checkpoint, tmp_path):
+    """Every socket a --tp 2 server's processes listen on -- the HTTP port, the
+    collective mesh, the torch.distributed store and gloo's pairs -- is on loopback."""
+    with run_server(reliability_checkpoint, tmp_path, tp=2) as tp2:
+        r = httpx.post(
+            tp2.base_url + "/v1/completions",
+            headers=tp2.headers,
+            json={"prompt": "a", "max_tokens": 2, **GREEDY},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        sockets = listening(tp2)
+    assert len({pid for _, _, pid in sockets}) >= 2, sockets  # the ranks listen too
+    assert all(ip in ("127.0.0.1", "::1") for ip, _, _ in sockets), sockets
+    print(f"reliability: tp2 listening sockets {len(sockets)}, all loopback")

@@ -297,3 +297,28 @@ def test_rows_carry_each_field_by_name():
     assert second.new_block_ids == () and second.block_offset == 2
     assert second.output_index == 1 and second.prompt_logprob_targets is None
     assert second.sample and second.prompt_logprobs == 1 and second.grammar is None
+
+
+def test_fair_admission_takes_requests_in_turns():
+    """One client request of 40 sequences, then two of one sequence each: the small ones
+    are admitted in the next free slots, not behind the 40; the big one's sequences keep
+    their order; a group that waits again later starts at the queue's current round."""
+    sched = make_scheduler(max_num_seqs=2, num_blocks=256)
+    big = [make_request(f"big-{i}", [1, 2, 3], 4) for i in range(40)]
+    for req in big:
+        req.group = "big"
+    sched.submit(big)
+    p0 = sched.next_execution_plan()
+    assert [r.rid for r in p0.rows] == ["big-0", "big-1"]
+    sched.submit([make_request("small-a", [4, 5], 4)])
+    sched.submit([make_request("small-b", [6, 7], 4)])
+    order = [r.rid for r in sched.waiting]
+    assert order[:4] == ["big-2", "small-a", "small-b", "big-3"], order
+    assert [r for r in order if r.startswith("big")] == [f"big-{i}" for i in range(2, 40)]
+    commit(sched, p0, finished=["big-0", "big-1"])
+    p1 = sched.next_execution_plan()
+    assert [r.rid for r in p1.rows] == ["big-2", "small-a"]
+    late = make_request("big-late", [1], 4)
+    late.group = "big"
+    sched.submit([late])
+    assert [r.rid for r in sched.waiting][-1] == "big-late"  # behind its own group's 37

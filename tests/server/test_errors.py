@@ -122,12 +122,14 @@ async def test_body_over_the_limit_is_413(http_server):
     port = int(http_server.base_url.rsplit(":", 1)[1])
     auth = f"Authorization: Bearer {http_server.api_key}\r\n".encode()
     declared = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 9000000\r\n\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + auth
+        + b"Content-Length: 9000000\r\n\r\n"
     )
     response = await asyncio.to_thread(raw_http, port, declared)
     assert response.startswith(b"HTTP/1.1 413") and b"too large" in response
     # no Content-Length: the bytes that arrive are counted
-    chunked = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth
+    chunked = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
     chunked += b"Transfer-Encoding: chunked\r\n\r\n"
     piece = b"x" * (1 << 20)
     chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * 9

@@ -293,15 +293,23 @@ async def test_cors_preflight_and_origins(apps):
         assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
         got = await http.get("/v1/models", headers={"Origin": "https://app.example"})
         assert got.headers["access-control-allow-origin"] == "https://app.example"
-    async with httpx.AsyncClient(base_url=apps["plain"]) as http:  # vLLM's default: any origin
+        post = await http.post(
+            "/v1/completions", headers={"Origin": "https://evil.example"}, json={"prompt": "a"}
+        )
+        assert post.status_code == 403 and post.json()["error"]["param"] == "Origin"
+    async with httpx.AsyncClient(base_url=apps["plain"]) as http:  # default: no other origin
         got = await http.get("/v1/models", headers={"Origin": "https://anywhere.example"})
-        assert got.headers["access-control-allow-origin"] == "*"
+        assert "access-control-allow-origin" not in got.headers
+        blocked = await http.options(
+            "/v1/completions", headers={"Origin": "https://anywhere.example", **preflight}
+        )
+        assert blocked.status_code == 400 and "access-control-allow-origin" not in blocked.headers
 
 
 async def test_a_body_that_never_ends_is_cut_off(apps):
     host, port = apps["slow-body"].removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 1000\r\n\r\n{\"prompt\": ")  # fmt: skip
     await writer.drain()
     loop = asyncio.get_running_loop()

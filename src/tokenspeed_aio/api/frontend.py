@@ -102,11 +102,15 @@ class Frontend:
         prompt_token_ids: list[int] | None = None,
         rid: str | None = None,
         bootstrap: Bootstrap | None = None,
+        group: str = "",
     ) -> AsyncIterator[RequestOutput]:
+        """``group``: the client request this sequence belongs to; the scheduler admits
+        requests in fair turns, so one request's many sequences cannot starve others
+        ("": a request of its own)."""
         params = sampling_params or SamplingParams()
         ids = await self._prompt_ids(prompt, prompt_token_ids)
         self.validate(ids, params, bootstrap)
-        stream = self.submit(rid or uuid.uuid4().hex, ids, params, bootstrap)
+        stream = self.submit(rid or uuid.uuid4().hex, ids, params, bootstrap, group)
         try:
             while True:
                 item = (
@@ -208,6 +212,7 @@ class Frontend:
         ids: list[int],
         params: SamplingParams,
         bootstrap: Bootstrap | None = None,
+        group: str = "",
     ) -> RequestStream:
         if self.dead is not None:
             raise self.dead
@@ -222,7 +227,7 @@ class Frontend:
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         replica = self.route()
         stream = self.streams[rid] = RequestStream(rid, params, detok, replica)
-        self.connection.send(GenerateRequest(rid, ids, params, seed, bootstrap), replica)
+        self.connection.send(GenerateRequest(rid, ids, params, seed, bootstrap, group), replica)
         for other in range(self.num_replicas):
             if other != replica:
                 self.connection.send(Wake(), other)

@@ -1,7 +1,9 @@
 """Attention data parallelism: the replicas' schedulers differ, their forwards run in
 step. Each round every rank shares its batch's size; a rank with nothing to run
 runs an idle forward when another has work. The same exchange tells every rank
-whether the whole engine is idle (the only time a round may wait for messages)."""
+whether the whole engine is idle (the only time a round may wait for messages), and
+whether any rank was told to stop: every rank then stops after that same round, so no
+rank is left inside a collective its peers never join."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class DpAgreement:
         # next round's gate decides from them, so its decision is rank-identical and
         # ordinary rounds add no collective.
         self.gate_shares: list = []
+        self.stop = False  # some rank got a StopEngine by the last exchange
 
     async def agree(
         self,
@@ -27,10 +30,13 @@ class DpAgreement:
         locally_idle: bool,
         error: str | None = None,
         gate: object = None,
+        stop: bool = False,
     ) -> bool:
         """True when this rank must run an idle forward this round. A rank-local error
-        rides the exchange: every rank raises the same CollectiveError."""
-        shares = await self.group.all_gather((num_tokens, locally_idle, gate), error=error)
-        self.engine_idle = all(idle for _, idle, _ in shares)
-        self.gate_shares = [g for _, _, g in shares]
-        return num_tokens == 0 and any(n for n, _, _ in shares)
+        rides the exchange: every rank raises the same CollectiveError. ``stop``: this
+        rank was told to stop this round (``self.stop`` says whether any rank was)."""
+        shares = await self.group.all_gather((num_tokens, locally_idle, gate, stop), error=error)
+        self.engine_idle = all(idle for _, idle, _, _ in shares)
+        self.gate_shares = [g for _, _, g, _ in shares]
+        self.stop = self.stop or any(s for _, _, _, s in shares)
+        return num_tokens == 0 and any(n for n, _, _, _ in shares)

@@ -196,6 +196,7 @@ class EventLoop:
                 self.quiet(),
                 error=self.local_error,
                 gate=self.control.share(self._drained()),
+                stop=adm.stop,
             )
             and step.idle_forward
         ):
@@ -215,7 +216,8 @@ class EventLoop:
         self.scheduler.advance(events)
         self.kv_events.publish(self.scheduler.drain_kv_events())
         self._send_outputs()
-        self.stopping = self.stopping or adm.stop
+        # With attention DP the stop is agreed: every replica stops after the same round.
+        self.stopping = self.stopping or (self.dp.stop if self.dp is not None else adm.stop)
         self.stats.end(len(self.scheduler.running), plan.num_tokens)
         self.batch_log.record(plan, self.scheduler.load)
         if self.faults is not None:

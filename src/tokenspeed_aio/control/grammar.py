@@ -88,5 +88,9 @@ class GrammarQueue:
             err = w.future.exception()
             return READY if err is None else f"{grammar_spec(w.req.params).kind}: {err}"
         if time.monotonic() > w.deadline:
-            return f"response_format: the grammar did not compile within {self.timeout:g} s"
+            return (
+                f"{grammar_spec(w.req.params).kind}: the grammar did not compile within "
+                f"{self.timeout:g} s (--grammar-compile-timeout-secs); make it smaller "
+                "(fewer alternatives, smaller repetition bounds)"
+            )
         return PENDING

@@ -107,5 +107,6 @@ class Ingress:
             seed=msg.seed,
             max_output=room if max_tokens is None else min(max_tokens, room),
             bootstrap=msg.bootstrap,
+            group=msg.group,
         )
         batch[rid] = req

@@ -9,10 +9,14 @@ a pool or a backend, so it cannot pass one along or change one a forward uses.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
+import socket
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.cache.executor import HostCacheExecutor
@@ -228,13 +232,35 @@ def resolve_device(name: str, local_index: int) -> torch.device:
 
 def _init_tensor_parallel(rank: RankInfo, device: torch.device) -> None:
     if rank.tp_size > 1:
-        torch.distributed.init_process_group(
+        host, port = rank.dist_init_method.removeprefix("tcp://").rsplit(":", 1)
+        store = _tp_store(host, int(port), rank.tp_rank, rank.tp_size)
+        options = None
+        if device.type == "cuda":
+            if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # one node: loopback only
+        else:  # gloo's pair sockets on the rendezvous host's interface, not the hostname's
+            options = dist.ProcessGroupGloo._Options()
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
-            init_method=rank.dist_init_method,
+            store=store,
             rank=rank.tp_rank,
             world_size=rank.tp_size,
+            pg_options=options,
         )
     init_tensor_parallel(rank.tp_rank, rank.tp_size)
+
+
+def _tp_store(host: str, port: int, tp_rank: int, tp_size: int) -> dist.TCPStore:
+    """The TP group's rendezvous store. TP rank 0 serves it on a socket it bound to
+    ``host`` itself: torch's own store would listen on every interface."""
+    if tp_rank:
+        return dist.TCPStore(host, port, tp_size, is_master=False)
+    listener = socket.create_server((host, port), backlog=max(64, tp_size))
+    return dist.TCPStore(
+        host, port, tp_size, is_master=True, master_listen_fd=listener.detach(),
+        wait_for_workers=False,
+    )  # fmt: skip
 
 
 GRAPH_POOL_RESERVE = 512 * 2**20  # captured decode graphs' memory pool, measured small

@@ -42,13 +42,16 @@ class ShutdownLatch:
 
     def __init__(self) -> None:
         self.requested = asyncio.Event()
+        self.repeated = asyncio.Event()  # a second request: stop at once, no drain
         self.reason = ""
         self._cleanup_started = False
 
     def request(self, reason: str) -> None:
-        if not self.requested.is_set():
-            self.reason = reason
-            self.requested.set()
+        if self.requested.is_set():
+            self.repeated.set()
+            return
+        self.reason = reason
+        self.requested.set()
 
     def begin_cleanup(self) -> bool:
         """True for the first caller only."""
@@ -173,6 +176,11 @@ class Launcher:
         await asyncio.to_thread(self._reap, grace)
         for rank in self.ranks:
             rank.close()
+        codes = self.exit_codes()
+        if any(codes):
+            logger.warning("rank processes exited with %s", codes)
+        else:
+            logger.info("rank processes exited with %s", codes)
 
     def _reap(self, grace: float) -> None:
         for rank in self.ranks:

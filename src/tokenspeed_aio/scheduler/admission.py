@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from tokenspeed_aio.scheduler.storage import StorageTier
 
 
+def _turn(req: Request) -> tuple[int, int]:
+    return req.turn
+
+
 class SubmissionRejected(ValueError):
     """The whole submission batch was refused; nothing of it was inserted."""
 
@@ -39,6 +43,8 @@ class AdmissionMixin:
     page_size: int
     role: str
     _free_slots: list[int]
+    _next_round: dict[str, int]  # group -> the round its next waiting sequence gets
+    _arrivals: int
 
     def submit(self, batch: list[Request]) -> None:
         """Insert a batch of new requests, or refuse all of them (SubmissionRejected)."""
@@ -52,7 +58,32 @@ class AdmissionMixin:
         for req in batch:
             req.submitted_at = now
             self.requests[req.rid] = req
-            self.waiting.append(req)
+        self._enqueue_fairly(batch)
+
+    def _enqueue_fairly(self, batch: list[Request]) -> None:
+        """Per-request fair admission: the waiting queue is ordered by turn, (round,
+        arrival), where a request's k-th waiting sequence has round k past the queue's
+        current round (its head's). One request of 16,000 sequences beside one of a single
+        sequence: the small one is admitted right after the big one's current head, not
+        behind its 16,000 -- requests take the queue in turns, sequences of one request
+        keep their order."""
+        head_round = self.waiting[0].turn[0] if self.waiting else 0
+        for req in batch:
+            rnd = max(self._next_round.get(req.group, 0), head_round)
+            self._next_round[req.group] = rnd + 1
+            req.turn = (rnd, self._arrivals)
+            self._arrivals += 1
+        batch = sorted(batch, key=_turn)
+        if not self.waiting or self.waiting[-1].turn <= batch[0].turn:
+            self.waiting.extend(batch)  # the common case: nothing jumps ahead
+        else:
+            merged = sorted((*self.waiting, *batch), key=_turn)
+            self.waiting.clear()
+            self.waiting.extend(merged)
+        if len(self._next_round) > 2 * len(self.waiting) + 64:  # forget finished groups
+            self._next_round = {}
+            for req in self.waiting:
+                self._next_round[req.group] = req.turn[0] + 1
 
     def _validate(self, req: Request, seen: set[str]) -> str | None:
         """What only the rank knows: ids it still holds, and its KV capacity (the frontend

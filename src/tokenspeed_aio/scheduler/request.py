@@ -33,6 +33,7 @@ class Request:
         "block_ids",
         "bootstrap",
         "grammar",
+        "group",
         "image",
         "max_output",
         "num_blocks_sent",
@@ -55,6 +56,7 @@ class Request:
         "storage_settled",
         "submitted_at",
         "token_ids",
+        "turn",
         "wants_prompt_logprobs",
     )
 
@@ -67,8 +69,11 @@ class Request:
         seed: int,
         max_output: int,
         bootstrap: Bootstrap | None = None,
+        group: str = "",
     ) -> None:
         self.rid = rid
+        self.group = group or rid  # the client request it belongs to (fair admission)
+        self.turn = (0, 0)  # its place in the waiting queue: (round of its group, arrival)
         self.token_ids = list(prompt_token_ids)  # prompt + committed outputs
         self.prompt_len = len(prompt_token_ids)
         self.params = params

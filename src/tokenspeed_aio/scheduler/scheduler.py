@@ -81,7 +81,9 @@ class Scheduler(AdmissionMixin, TransferMixin):
             self.storage = StorageTier(self.pool, self.host_tier.host, config.page_size)
             self.host_tier.landed_sink = self.storage.landed
         self.requests: dict[str, Request] = {}  # every request held, finished ones included
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] = deque()  # in fair turns (admission.py)
+        self._next_round: dict[str, int] = {}
+        self._arrivals = 0
         self.running: list[Request] = []  # admission order
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         # plan id -> the dispatched plan's requests, aligned with its rows
@@ -109,9 +111,19 @@ class Scheduler(AdmissionMixin, TransferMixin):
                 self._restored(req, image)
         if self.storage is not None:
             self.waiting.extendleft(reversed(self.storage.results(stored)))
-        for rid in aborted:
-            req = self.requests.get(rid)
-            if req is not None and req.status is not Status.FINISHED:
+        held = (self.requests.get(rid) for rid in dict.fromkeys(aborted))
+        ended = [req for req in held if req is not None and req.status is not Status.FINISHED]
+        # Waiting requests leave the queue in one pass: removing each alone is quadratic
+        # when a client's thousands of sequences are aborted at once.
+        unqueued = {id(r) for r in ended if r.status is Status.WAITING and r.room is None}
+        if unqueued:
+            kept = [r for r in self.waiting if id(r) not in unqueued]
+            self.waiting.clear()
+            self.waiting.extend(kept)
+        for req in ended:
+            if id(req) in unqueued:
+                self._finish(req, queued=False)
+            else:
                 self._end(req)
 
     def _restored(self, req: Request, image: RetractionImage) -> None:
@@ -309,11 +321,12 @@ class Scheduler(AdmissionMixin, TransferMixin):
         else:
             self._finish(req)
 
-    def _finish(self, req: Request) -> None:
+    def _finish(self, req: Request, *, queued: bool = True) -> None:
         """End a request in any state. Its blocks and slot are reusable at once (the
         device runs forwards in dispatch order, so a later owner's writes land after
         every forward still reading them); its id stays held until those forwards
-        are committed."""
+        are committed. ``queued``: False for a waiting request already taken out of
+        the queue."""
         if req.status is Status.RUNNING:
             self.running.remove(req)
             publish_full_blocks(self.pool, req)
@@ -321,7 +334,8 @@ class Scheduler(AdmissionMixin, TransferMixin):
             self._free_slots.append(req.slot)
             req.block_ids = []
         elif req.status is Status.WAITING:
-            self.waiting.remove(req)
+            if queued:
+                self.waiting.remove(req)
             if req.image is not None:
                 self.host_tier.discard(req)
             if req.storage is not None:

@@ -28,6 +28,7 @@ from tokenspeed_aio.api.engine import AsyncEngine
 from tokenspeed_aio.generation_config import generation_defaults
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import install_error_handlers
+from tokenspeed_aio.server.http_protocol import ConnectionLimits, protocol_class
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.middleware import GuardMiddleware
 from tokenspeed_aio.server.openapi import install_openapi
@@ -40,6 +41,9 @@ from tokenspeed_aio.server.routes_sglang import sglang_router
 from tokenspeed_aio.server.routes_tokenize import tokenize_router
 
 logger = logging.getLogger(__name__)
+
+DRAIN_POLL_SECONDS = 0.05
+ABORT_FLUSH_SECONDS = 5.0  # for aborted responses to reach their clients at a stop
 
 
 def build_app(
@@ -91,6 +95,10 @@ def build_app(
         GuardMiddleware,
         api_key=options.api_key,
         metrics_api_key=options.metrics_api_key,
+        admin_api_key=options.admin_api_key,
+        allowed_origins=options.allowed_origins,
+        allowed_hosts=options.allowed_hosts,
+        draining=lambda: ctx.draining,
         max_body_bytes=options.max_body_bytes,
         body_timeout=options.body_timeout_seconds,
         access_log=options.access_log,
@@ -161,6 +169,8 @@ async def serve_http(
     drain_seconds: float = 5.0,
     access_log: bool = False,
     sock: socket.socket | None = None,
+    limits: ConnectionLimits | None = None,
+    keep_alive_seconds: float = 5.0,
 ) -> None:
     """Serve ``app`` on the running event loop until SIGINT/SIGTERM (in the main thread,
     unless the caller handles those itself) or until the calling task is cancelled;
@@ -169,7 +179,8 @@ async def serve_http(
     cancelled (which aborts their engine requests). Returns once the server stopped
     (re-raises CancelledError when it was cancelled). ``sock``: an already bound socket
     (``bind_socket``) to serve on instead of binding ``host:port``; ``access_log``:
-    uvicorn's own (the guard middleware writes ours)."""
+    uvicorn's own (the guard middleware writes ours); ``limits``: the connection limits
+    (http_protocol.py); ``keep_alive_seconds``: how long an idle connection stays open."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -177,7 +188,8 @@ async def serve_http(
         log_level=log_level,
         access_log=access_log,
         lifespan="off",
-        timeout_keep_alive=30,
+        http=protocol_class(limits or ConnectionLimits()),
+        timeout_keep_alive=keep_alive_seconds,
         timeout_graceful_shutdown=drain_seconds,
     )
     server = _Server(config)
@@ -194,3 +206,35 @@ async def serve_http(
         leftover = set(server.server_state.tasks)
         if leftover:
             await asyncio.wait(leftover, timeout=drain_seconds)
+
+
+def connection_limits(options: ServerOptions) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_head_bytes=options.max_header_bytes,
+        max_headers=options.max_header_count,
+        max_url_bytes=options.max_url_bytes,
+        head_timeout=options.header_timeout_seconds,
+        max_connections=options.max_connections,
+        max_body_bytes=options.max_body_bytes,
+    )
+
+
+async def drain(ctx: ServerContext, timeout: float, cut: asyncio.Event) -> int:
+    """Stop taking requests (they are answered 503 from now on) and let the running ones
+    finish for up to ``timeout`` seconds, or until ``cut`` is set (a second signal);
+    then abort what is left -- each choice ends with finish_reason "abort", each stream
+    with its final chunk and [DONE] -- and wait briefly for those responses to go out.
+    Returns the number of choices aborted."""
+    ctx.draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while ctx.registry.sequences and not cut.is_set() and loop.time() < deadline:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cut.wait(), min(DRAIN_POLL_SECONDS, deadline - loop.time()))
+    aborted = ctx.registry.abort_all()
+    if aborted:
+        logger.info("drain: aborted %d running choices", len(aborted))
+    deadline = loop.time() + ABORT_FLUSH_SECONDS
+    while ctx.registry.sequences and not cut.is_set() and loop.time() < deadline:
+        await asyncio.sleep(DRAIN_POLL_SECONDS)
+    return len(aborted)

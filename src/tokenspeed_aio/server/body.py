@@ -2,8 +2,9 @@
 Struct in one pass, every failure a 400 that names the field (``max_tokens:
 expected int, got str``); responses are msgspec-encoded Structs.
 
-The body is accepted whatever its Content-Type (curl's default form type
-included), as vLLM and SGLang do; its size was bounded by the guard middleware.
+A body's Content-Type, when it names one, is application/json (the guard middleware
+refuses others with 415, so a cross-site page must preflight); its size was bounded
+there too.
 """
 
 from __future__ import annotations

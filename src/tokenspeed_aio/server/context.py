@@ -31,6 +31,7 @@ class ServerContext:
     model_path: str = ""
     engine_args: dict[str, Any] = field(default_factory=dict)  # for /server_info
     registry: RequestRegistry = field(default_factory=RequestRegistry)
+    draining: bool = False  # the server is stopping: new requests are answered 503
     token_texts: TokenTexts = field(init=False)
     tool_parser: ToolParser | None = field(init=False)
     reasoning_parser: ReasoningParser | None = field(init=False)
@@ -55,7 +56,32 @@ class ServerContext:
             )
 
     def fanout(self, request_id: str, jobs: list[Job]) -> Fanout:
-        return Fanout(self.frontend, self.metrics, self.registry, request_id, jobs)
+        """The request's running choices, once admission allows them: at most
+        ``max_sequences_per_request`` (400), and room among the sequences already
+        admitted (429 with Retry-After)."""
+        limit = self.options.max_sequences_per_request
+        if len(jobs) > limit:
+            raise ApiError(
+                400,
+                f"n: this request creates {len(jobs)} sequences (prompts x n); the limit is "
+                f"{limit} per request (--max-sequences-per-request)",
+                param="n",
+                code="too_many_sequences",
+            )
+        cap = self.options.max_waiting_sequences
+        if self.registry.sequences + len(jobs) > cap:
+            raise ApiError(
+                429,
+                f"the server is at capacity: {self.registry.sequences} sequences are running "
+                f"or waiting and this request adds {len(jobs)}; the limit is {cap} "
+                "(--max-waiting-sequences); retry later",
+                code="queue_full",
+                headers={"retry-after": "1"},
+            )
+        return Fanout(
+            self.frontend, self.metrics, self.registry, request_id, jobs,
+            self.options.max_stream_backlog,
+        )  # fmt: skip
 
     def healthy(self) -> tuple[bool, str]:
         """(True, "ok"), or (False, why) when the engine is dead or a replica is silent."""

@@ -16,11 +16,13 @@ from tokenspeed_aio.protocol.openai import ErrorDetail, ErrorResponse
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     503: "service_unavailable_error",
 }
 
@@ -29,13 +31,20 @@ class ApiError(Exception):
     """An error the HTTP layer answers itself (body, auth, size, unknown model)."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers  # e.g. Retry-After
 
 
 def error_payload(
@@ -76,7 +85,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, exc: Exception) -> Response:
         status, payload = payload_for(exc)
         return Response(
-            msgspec.json.encode(payload), status_code=status, media_type="application/json"
+            msgspec.json.encode(payload),
+            status_code=status,
+            media_type="application/json",
+            headers=getattr(exc, "headers", None),
         )
 
     async def http_error(request: Request, exc: Exception) -> Response:

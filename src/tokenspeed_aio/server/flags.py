@@ -29,7 +29,26 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         "open); also read from TOKENSPEED_API_KEY",
     )
     add("--metrics-api-key", default=None, help="require this bearer key on /metrics too")
-    add("--allowed-origins", nargs="+", default=None, help="CORS origins (default: *)")
+    add(
+        "--admin-api-key",
+        default=None,
+        help="require this bearer key on abort-all and the control routes (pause, weight "
+        "updates, memory release, cache flush, profiling)",
+    )
+    add(
+        "--allowed-origins",
+        nargs="+",
+        default=None,
+        help="origins besides the server's own that browsers may call it from (CORS, "
+        "state-changing routes); '*' for any (default: none)",
+    )
+    add(
+        "--allowed-hosts",
+        nargs="+",
+        default=None,
+        help="Host header names accepted besides the bound address's; '*' for any "
+        "(default: on a loopback address only loopback names)",
+    )
     add("--allowed-methods", nargs="+", default=None, help="CORS methods (default: *)")
     add("--allowed-headers", nargs="+", default=None, help="CORS headers (default: *)")
     add("--allow-credentials", action="store_true", help="CORS: allow credentials")
@@ -39,6 +58,57 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=30.0,
         help="seconds a client may take to send a request body (then 408)",
+    )
+    add(
+        "--max-header-bytes",
+        type=int,
+        default=64 * 1024,
+        help="largest request head (request line and headers) accepted (431 beyond)",
+    )
+    add("--max-header-count", type=int, default=100, help="most headers a request may carry")
+    add("--max-url-bytes", type=int, default=16 * 1024, help="longest URL accepted (414 beyond)")
+    add(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client may take to send a request head (then 408 and closed)",
+    )
+    add(
+        "--keep-alive-timeout",
+        type=float,
+        default=5.0,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    add(
+        "--max-connections",
+        type=int,
+        default=4096,
+        help="most open client connections (one more is answered 503 and closed)",
+    )
+    add(
+        "--max-stream-backlog",
+        type=int,
+        default=512,
+        help="outputs per choice a streaming client may fall behind before its request is "
+        "aborted with an error event",
+    )
+    add(
+        "--max-sequences-per-request",
+        type=int,
+        default=1024,
+        help="most sequences (prompts x n) one request may create (400 beyond)",
+    )
+    add(
+        "--max-waiting-sequences",
+        type=int,
+        default=16384,
+        help="most sequences admitted and not yet finished (429 with Retry-After beyond)",
+    )
+    add(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds running requests get to finish after SIGTERM/SIGINT (then aborted)",
     )
     add(
         "--disable-log-requests",

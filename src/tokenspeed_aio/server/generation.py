@@ -19,9 +19,19 @@ from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS, Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.errors import RequestConflictError
 from tokenspeed_aio.sampling_params import SamplingParams
+from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import Bootstrap
+
+DEFAULT_MAX_BACKLOG = 512  # undelivered outputs per choice before a stream is cut off
+
+
+class StreamBacklogError(ApiError):
+    """A streaming client stopped reading: its backlog passed the bound."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(429, message, code="stream_backlog_exceeded")
 
 
 @dataclass(slots=True)
@@ -70,7 +80,12 @@ def make_jobs(
 
 class Fanout:
     """An HTTP request's running choices. Iterate ``outputs()`` once; ``abort()`` ends
-    choices early with finish_reason "abort" (POST /abort_request)."""
+    choices early with finish_reason "abort" (POST /abort_request).
+
+    Backpressure: the outputs not yet taken by the consumer (the response writer, which
+    waits while its client does not read) are bounded by ``max_backlog`` per choice.
+    Past the bound the held outputs are dropped, every choice is aborted (freeing its
+    KV blocks), and the consumer's next item is a StreamBacklogError."""
 
     def __init__(
         self,
@@ -79,12 +94,15 @@ class Fanout:
         registry: RequestRegistry,
         request_id: str,
         jobs: list[Job],
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
     ) -> None:
         self.frontend = frontend
         self.metrics = metrics
         self.registry = registry
         self.request_id = request_id
         self.jobs = jobs
+        self.backlog_limit = max_backlog * len(jobs)
+        self.max_backlog = max_backlog
         self._tasks: dict[str, asyncio.Task] = {}
         self._aborted: set[str] = set()
         self._ended: set[str] = set()  # choices whose final output (or error) is queued
@@ -120,6 +138,23 @@ class Fanout:
             self._tasks[r].cancel()
         return running
 
+    def _overflow(self, queue: asyncio.Queue) -> None:
+        """The consumer fell too far behind: drop what it has not taken, abort every
+        choice, and leave it the error."""
+        while queue.qsize():
+            queue.get_nowait()
+        self._ended.update(self._tasks)
+        queue.put_nowait(
+            StreamBacklogError(
+                f"the client read the stream too slowly: more than {self.max_backlog} "
+                f"outputs per choice were waiting to be sent (--max-stream-backlog); "
+                "the request was aborted"
+            )
+        )
+        for task in self._tasks.values():
+            if task is not asyncio.current_task():
+                task.cancel()
+
     def _settled(self, job: Job, queue: asyncio.Queue, task: asyncio.Task) -> None:
         """A choice aborted before its task ever ran ends here: a task cancelled before
         its first step runs none of its code, so _run never queued its final output."""
@@ -138,6 +173,7 @@ class Fanout:
             sampling_params=job.params,
             rid=job.rid,
             bootstrap=job.bootstrap,
+            group=self.request_id,
         )
         try:
             async with contextlib.aclosing(stream):
@@ -148,6 +184,9 @@ class Fanout:
                         reason = out.finish_reason or "stop"
                         self._ended.add(job.rid)
                     queue.put_nowait((job, out))
+                    if queue.qsize() > self.backlog_limit:
+                        self._overflow(queue)
+                        return  # closing the stream aborts this choice
         except asyncio.CancelledError:
             if job.rid not in self._aborted:
                 raise
@@ -186,6 +225,7 @@ class RequestRegistry:
 
     def __init__(self) -> None:
         self._by_id: dict[str, Fanout] = {}
+        self.sequences = 0  # the choices of every registered request
 
     def add(self, fanout: Fanout) -> None:
         """Register a fanout under its ids; RequestConflictError (nothing registered) when
@@ -197,8 +237,11 @@ class RequestRegistry:
             raise RequestConflictError(f"rid: request {taken!r} is already running", param="rid")
         for key in keys:
             self._by_id[key] = fanout
+        self.sequences += len(fanout.jobs)
 
     def remove(self, fanout: Fanout) -> None:
+        if self._by_id.get(fanout.request_id) is fanout:
+            self.sequences -= len(fanout.jobs)
         for key in (fanout.request_id, *(job.rid for job in fanout.jobs)):
             if self._by_id.get(key) is fanout:
                 del self._by_id[key]

@@ -1,5 +1,6 @@
 """The HTTP server's own settings (the ``serve`` flags that are not EngineArgs): access
-control, CORS, request-body limits, logging, and the reply parsers."""
+control, CORS, request and connection limits, admission, the drain, logging, and the
+reply parsers."""
 
 from __future__ import annotations
 
@@ -14,12 +15,28 @@ API_KEY_ENV = "TOKENSPEED_API_KEY"
 class ServerOptions:
     api_key: str | None = None  # guards the API routes (Authorization: Bearer <key>)
     metrics_api_key: str | None = None  # guards /metrics too (it is open without one)
-    allowed_origins: tuple[str, ...] = ("*",)  # CORS, as vLLM's defaults
+    admin_api_key: str | None = None  # guards abort-all and the control routes
+    # Origins other than the server's own that may call it (CORS and state-changing
+    # routes); none by default: a web page elsewhere cannot drive the server.
+    allowed_origins: tuple[str, ...] = ()
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    # Host header names accepted besides the bound address's (a loopback server accepts
+    # only loopback names: DNS rebinding); "*" accepts any.
+    allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = 8 * MiB
     body_timeout_seconds: float = 30.0  # a body not received within this gets 408
+    max_header_bytes: int = 64 * 1024  # request line and headers (431)
+    max_header_count: int = 100  # (431)
+    max_url_bytes: int = 16 * 1024  # (414)
+    header_timeout_seconds: float = 10.0  # a request head not received within this: 408
+    keep_alive_seconds: float = 5.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 4096  # open connections; one more is answered 503
+    max_stream_backlog: int = 512  # undelivered outputs per choice before a stream is cut
+    max_sequences_per_request: int = 1024  # prompts x n (400 beyond)
+    max_waiting_sequences: int = 16384  # sequences admitted and not finished (429 beyond)
+    shutdown_timeout_seconds: float = 30.0  # running requests' time to finish at a stop
     access_log: bool = True  # one line per HTTP request (--disable-log-requests: off)
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral | pythonic
     enable_auto_tool_choice: bool = False  # tool_choice "auto" parses the model's calls
@@ -35,12 +52,24 @@ class ServerOptions:
         return cls(
             api_key=ns.api_key or os.environ.get(API_KEY_ENV) or None,
             metrics_api_key=ns.metrics_api_key,
-            allowed_origins=split(ns.allowed_origins, ("*",)),
+            admin_api_key=ns.admin_api_key,
+            allowed_origins=split(ns.allowed_origins, ()),
             allowed_methods=split(ns.allowed_methods, ("*",)),
             allowed_headers=split(ns.allowed_headers, ("*",)),
             allow_credentials=ns.allow_credentials,
+            allowed_hosts=split(ns.allowed_hosts, ()),
             max_body_bytes=ns.max_body_bytes,
             body_timeout_seconds=ns.body_timeout,
+            max_header_bytes=ns.max_header_bytes,
+            max_header_count=ns.max_header_count,
+            max_url_bytes=ns.max_url_bytes,
+            header_timeout_seconds=ns.header_timeout,
+            keep_alive_seconds=ns.keep_alive_timeout,
+            max_connections=ns.max_connections,
+            max_stream_backlog=ns.max_stream_backlog,
+            max_sequences_per_request=ns.max_sequences_per_request,
+            max_waiting_sequences=ns.max_waiting_sequences,
+            shutdown_timeout_seconds=ns.shutdown_timeout,
             access_log=not ns.disable_log_requests,
             tool_call_parser=ns.tool_call_parser,
             enable_auto_tool_choice=ns.enable_auto_tool_choice,

@@ -174,6 +174,14 @@ def sglang_router(ctx: ServerContext) -> APIRouter:
     async def abort_request(request: Request) -> Response:
         req = await parse_body(request, AbortRequest)
         if req.abort_all:
+            if not request.scope["state"].get("admin", True):
+                raise ApiError(
+                    403,
+                    "abort_all: aborting every request needs the admin key "
+                    "(Authorization: Bearer <--admin-api-key>)",
+                    param="abort_all",
+                    code="admin_key_required",
+                )
             return json_response(AbortResult(ctx.registry.abort_all()))
         if not req.rid:
             raise ApiError(400, "rid: required (or abort_all: true)", param="rid")

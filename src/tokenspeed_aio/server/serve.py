@@ -43,7 +43,13 @@ def run_server(args: EngineArgs, ns: argparse.Namespace) -> int:
 
 async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     from tokenspeed_aio.api.engine import AsyncEngine
-    from tokenspeed_aio.server.app import bind_socket, build_app, serve_http
+    from tokenspeed_aio.server.app import (
+        bind_socket,
+        build_app,
+        connection_limits,
+        drain,
+        serve_http,
+    )
     from tokenspeed_aio.server.options import ServerOptions
 
     names = args.served_model_names or [Path(args.model or "tokenspeed-default").name]
@@ -80,7 +86,15 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
         return 1
     app = build_app(engine, served_model_name=names, options=options)
     http = asyncio.ensure_future(
-        serve_http(app, ns.host, ns.port, log_level=ns.log_level, sock=sock)
+        serve_http(
+            app,
+            ns.host,
+            ns.port,
+            log_level=ns.log_level,
+            sock=sock,
+            limits=connection_limits(options),
+            keep_alive_seconds=options.keep_alive_seconds,
+        )
     )
     engine_stopped = asyncio.ensure_future(engine.stopped())
     stop = asyncio.ensure_future(latch.requested.wait())
@@ -93,6 +107,19 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
     elif http.done() and http.exception() is not None:
         logger.error("the HTTP server failed: %r", http.exception())
         code = 1
+    else:  # a signal: drain, unless the engine dies meanwhile
+        logger.info(
+            "stopping (%s): draining for up to %g s", latch.reason, options.shutdown_timeout_seconds
+        )
+        draining = asyncio.ensure_future(
+            drain(app.state.context, options.shutdown_timeout_seconds, latch.repeated)
+        )
+        await asyncio.wait({draining, engine_stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if engine_stopped.done():
+            logger.error("the engine died while draining: %s", engine_stopped.result())
+            code = 1
+        draining.cancel()
+        await asyncio.gather(draining, return_exceptions=True)
     http.cancel()
     await asyncio.gather(http, return_exceptions=True)
     engine_stopped.cancel()

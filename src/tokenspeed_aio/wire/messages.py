@@ -31,6 +31,7 @@ class GenerateRequest(msgspec.Struct, tag=True, array_like=True):
     params: SamplingParams
     seed: int  # resolved by the frontend so every rank samples alike
     bootstrap: Bootstrap | None = None  # a prefill/decode engine's half of a PD request
+    group: str = ""  # the client request it belongs to (fair admission); "" = its own
 
 
 class AbortRequest(msgspec.Struct, tag=True, array_like=True):

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -111,9 +112,11 @@ def remove_ipc_file(address: str) -> None:
 
 
 def _bind_address(address: str) -> str:
-    """A tcp address names the host ranks dial; bind every interface of that port."""
+    """A tcp address names the host ranks dial (--dist-init-addr's): bind that interface
+    only, not every one."""
     if address.startswith("tcp://"):
-        return "tcp://*:" + address.rsplit(":", 1)[1]
+        host, port = address[len("tcp://") :].rsplit(":", 1)
+        return f"tcp://{socket.gethostbyname(host)}:{port}"
     return address
 
 

@@ -1,0 +1,172 @@
+"""Frontend memory under clients that read their streams slowly: N raw-socket clients
+(a 4 KiB receive window, reading 1 KiB a second) each stream a long completion (n=16,
+as many tokens as the context allows) and start another when one ends, for a while;
+the frontend's RSS is sampled every second, then measured again 15 s after they left.
+Each phase is READERS:SECONDS[:BACKLOG] on a fresh server: BACKLOG is
+--max-stream-backlog (default: the server's default; a huge value is the baseline,
+what the frontend held before the bound).
+
+    python bench/slow_readers.py --phase 50:120 --phase 3:120 --phase 3:120:100000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
+
+MiB = 2**20
+N = 16  # choices per stream
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tokenspeed_aio", "serve", f"--port={port}",
+           "--log-level=warning", "--disable-log-requests", *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited with {proc.returncode}")
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("serve did not become healthy")
+
+
+async def slow_reader(port: int, body: bytes, stop: float, counts: dict) -> None:
+    """Stream after stream until ``stop``, reading 1 KiB a second."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < stop:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(
+            sock,
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+        )
+        tail = b""
+        while loop.time() < stop:
+            chunk = await loop.sock_recv(sock, 1024)
+            if not chunk:
+                break
+            tail = (tail + chunk)[-16:]
+            if tail.endswith(b"0\r\n\r\n"):
+                counts["ended"] += 1
+                break
+            await asyncio.sleep(1.0)
+        sock.close()
+
+
+def aborted_choices(port: int) -> float:
+    """Choices the server ended with finish reason abort (a cut stream's choices)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("tokenspeed:request_success_total") and '"abort"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def phase(port: int, pid: int, readers: int, seconds: float, body: bytes) -> dict:
+    proc = psutil.Process(pid)
+    loop = asyncio.get_running_loop()
+    baseline = proc.memory_info().rss
+    counts = {"ended": 0}
+    stop = loop.time() + seconds
+    tasks = [asyncio.create_task(slow_reader(port, body, stop, counts)) for _ in range(readers)]
+    samples = []
+    cut = 0.0
+    while loop.time() < stop - 2:  # the last count comes before the readers leave
+        await asyncio.sleep(1.0)
+        samples.append(proc.memory_info().rss)
+        if len(samples) % 10 == 0:
+            cut = await asyncio.to_thread(aborted_choices, port) / N
+    cut = await asyncio.to_thread(aborted_choices, port) / N
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(15)  # the readers are gone: let the aborts settle
+    after = proc.memory_info().rss
+    return {
+        "readers": readers,
+        "seconds": seconds,
+        "rss_baseline_mib": round(baseline / MiB, 1),
+        "rss_peak_mib": round(max(samples) / MiB, 1),
+        "rss_last_under_load_mib": round(samples[-1] / MiB, 1),
+        "rss_15s_after_mib": round(after / MiB, 1),
+        "streams_cut_by_the_bound": cut,
+        "streams_ended_while_reading": counts["ended"],
+    }
+
+
+def measure(readers: int, seconds: float, extra: list[str]) -> dict:
+    port = free_port()
+    server = start_server(port, extra)
+    try:
+        info = httpx.get(f"http://127.0.0.1:{port}/model_info", timeout=10).json()
+        max_tokens = int(info["max_model_len"]) - 16
+        body = json.dumps(
+            {
+                "prompt": "The for statement",
+                "max_tokens": max_tokens,
+                "n": N,
+                "stream": True,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+        ).encode()
+        for _ in range(3):  # warm-up: the baseline is a server that has served
+            httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"prompt": "warm", "max_tokens": 8},
+                timeout=60,
+            )
+        result = asyncio.run(phase(port, server.pid, readers, seconds, body))
+        return {"flags": extra, "max_tokens": max_tokens, **result}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--phase", action="append", default=None, help="READERS:SECONDS[:BACKLOG]")
+    ap.add_argument("--out", type=Path, default=None, help=OUT_HELP)
+    args = ap.parse_args()
+    phases = []
+    for spec in args.phase or ["50:120", "3:120", "3:120:100000000"]:
+        readers, seconds, *backlog = spec.split(":")
+        extra = [f"--max-stream-backlog={backlog[0]}"] if backlog else []
+        phases.append(measure(int(readers), float(seconds), extra))
+        print(json.dumps(phases[-1]), flush=True)
+    out = args.out or default_out_path("slow-readers-cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    machine = f"{platform.node()} {os.cpu_count()} CPUs"
+    out.write_text(json.dumps({"machine": machine, "phases": phases}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
