@@ -58,7 +58,7 @@ class StorageTierStats:
     queries: int = 0  # requests prepared
     query_hit_tokens: int = 0  # prompt tokens the store was found holding
     fetched_tokens: int = 0  # prompt tokens fetched into L2
-    recomputed_tokens: int = 0  # found, but not fetched: the GET failed or L2 was full
+    recomputed_tokens: int = 0  # found, not in L2, not fetched: the GET failed or L2 was full
     ended_preparing: int = 0  # requests that ended (aborted) while preparing
     dropped_puts: int = 0  # landed pages not published: they landed in a frozen round
 
@@ -159,13 +159,13 @@ class StorageTier:
             self._remember(key[0])
         if result.ok and found < len(op.keys):  # gone from the store (evicted, or a new
             self._known.pop(op.keys[found][0], None)  # master): publish it again
-        keys = []
+        wanted = []
         for key in op.keys[:found]:
             if self.host.find(key) is not None:
                 break  # in L2 by now (another request's): admission takes it from there
-            keys.append(key)
-        keys = keys[: self.host.num_free]
-        self.stats.recomputed_tokens += (found - len(keys)) * self.page_size
+            wanted.append(key)
+        keys = wanted[: self.host.num_free]
+        self.stats.recomputed_tokens += (len(wanted) - len(keys)) * self.page_size
         if not keys:
             return False
         blocks = self.host.allocate(len(keys))
