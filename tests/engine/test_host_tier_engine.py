@@ -20,7 +20,7 @@ from tokenspeed_aio.scheduler.kv_events import CPU, BlockStored
 MAX_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 # 79 usable blocks of 4 tokens: the parity prompts' growth retracts (see test_hf_parity);
-# a second pass over them finds most of their prefixes evicted from the device, in L2.
+# going over them again finds most of their prefixes evicted from the device, in L2.
 SMALL_POOL = dict(num_kv_blocks=80, kvstore_ratio=4.0)
 CONFIGS = {
     "retraction": dict(chunked_prefill_size=512),
@@ -54,7 +54,7 @@ async def test_greedy_with_l2_matches_transformers(ckpt, start_engine, depth, po
         **CONFIGS[config],
     )
     prompts = parity_prompts()
-    for _ in range(2):  # the second pass loads evicted prefixes back from L2
+    for _ in range(2):  # the second time round loads evicted prefixes back from L2
         outs = await final_outputs(engine, prompts, GREEDY)
         for ids, out in zip(prompts, outs):
             assert out.token_ids == hf_greedy(str(path), tuple(ids), MAX_TOKENS)[0], len(ids)

@@ -43,7 +43,7 @@ async def test_tp2_matches_transformers(ckpt, kv_heads):
 async def test_tp2_with_l2_matches_transformers(ckpt, policy):
     """Both ranks of the replica image, restore and load back the same blocks, agreeing on
     every acknowledgment: the tokens equal transformers', twice over the same prompts (the
-    second pass loads evicted prefixes back from L2)."""
+    second time round loads evicted prefixes back from L2)."""
     path = ckpt("qwen3", num_key_value_heads=2)
     prompts = parity_prompts()
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

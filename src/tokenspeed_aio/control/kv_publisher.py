@@ -124,8 +124,8 @@ class ZmqKVEventPublisher:
                 try:
                     seq, ts, events = self._queue.get(timeout=POLL_SECONDS)
                 except queue.Empty:
-                    pass
-                else:
+                    events = None  # nothing to publish: serve replay requests only
+                if events is not None:
                     batch = wire.KVEventBatch(
                         ts, [to_wire(e, self.block_size) for e in events], self.dp_rank
                     )

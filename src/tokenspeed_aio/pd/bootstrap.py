@@ -45,8 +45,8 @@ class BootstrapServer:
                 elif isinstance(msg, Lookup):
                     write_frame(writer, self.roster())
                 await writer.drain()
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError) as err:  # a rank or decode engine went away
+            logger.debug("bootstrap connection closed: %s", err)
         finally:
             writer.close()
 

@@ -284,8 +284,8 @@ class PrefillPeer(PeerLoop):
                 elif isinstance(msg, Cancel):  # taken even from a rank it refused
                     self._on_cancel(conn, msg.room)
                 await writer.drain()
-        except (ConnectionError, OSError, TimeoutError):
-            pass
+        except (ConnectionError, OSError, TimeoutError) as err:  # _lost fails its rooms
+            logger.debug("decode control connection closed: %s", err)
         finally:
             if conn is not None:
                 self._lost(conn)

@@ -230,7 +230,7 @@ class RequestRegistry:
     def add(self, fanout: Fanout) -> None:
         """Register a fanout under its ids; RequestConflictError (nothing registered) when
         one of them is taken. The route checked them already, but two requests with one
-        rid can both pass that check before either is registered."""
+        rid can both get through that check before either is registered."""
         keys = {fanout.request_id, *(job.rid for job in fanout.jobs)}
         taken = next((key for key in keys if key in self._by_id), None)
         if taken is not None:

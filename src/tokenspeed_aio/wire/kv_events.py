@@ -37,7 +37,7 @@ class BlockRemoved(KVCacheEvent):
 
 
 class AllBlocksCleared(KVCacheEvent):
-    pass
+    """Every block of the medium was dropped (a flush); it carries no fields."""
 
 
 class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

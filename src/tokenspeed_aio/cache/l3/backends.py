@@ -107,7 +107,7 @@ class FileBackend:
         try:
             shutil.rmtree(self.root / namespace, ignore_errors=False)
         except FileNotFoundError:
-            pass
+            return  # nothing was ever stored under it
         except OSError as err:
             raise StorageError(f"file store: deleting {namespace}: {err}") from err
 
