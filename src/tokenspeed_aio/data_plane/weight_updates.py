@@ -9,6 +9,10 @@ the control plane's gate agrees on between them:
             each by a broadcast from the trainer's rank 0 first)
     commit  the replica's outcome: usable, or -- some rank failed, this one may hold part
             of the new weights -- invalid; nothing runs on invalid weights again
+
+Each half runs with host syncs allowed, including where staged tensors are dropped: the
+storage of a tensor received by CUDA IPC synchronizes its stream in its deleter, and
+torch's sync-debug check raising there (inside a C++ destructor) would abort the process.
 """
 
 from __future__ import annotations
@@ -89,9 +93,13 @@ class WeightUpdater:
     # -- stage, load, commit ---------------------------------------------------------------
     def stage(self, update: object) -> str | None:
         """None when this rank can load ``update``; else why not (nothing was loaded)."""
-        self._staged = None
-        if self.invalid:
-            return "the weights are invalid after a failed update"
+        with allow_host_sync():
+            self._staged = None
+            if self.invalid:
+                return "the weights are invalid after a failed update"
+            return self._stage(update)
+
+    def _stage(self, update: object) -> str | None:
         try:
             if isinstance(update, UpdateWeightsFromDisk):
                 self._staged = self._stage_disk(update)
@@ -107,23 +115,27 @@ class WeightUpdater:
 
     def load(self) -> str | None:
         """Load what was staged; None, or the error (the parameters may be partly written)."""
-        staged, self._staged = self._staged, None
-        if staged is None:
-            return "no weight update is staged"
-        try:
-            with torch.no_grad(), allow_host_sync():
-                self.model.load_weights(staged())
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)  # a copy's failure surfaces in the op
-        except Exception as err:
-            logger.exception("weight load failed")
-            return f"{type(err).__name__}: {err}"
-        return None
+        with allow_host_sync():
+            staged, self._staged = self._staged, None
+            if staged is None:
+                return "no weight update is staged"
+            try:
+                with torch.no_grad():
+                    self.model.load_weights(staged())
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)  # a copy's failure surfaces here
+            except Exception as err:
+                logger.exception("weight load failed")
+                return f"{type(err).__name__}: {err}"
+            finally:
+                del staged  # the source tensors go while syncs are allowed (see the module)
+            return None
 
     def commit(self, ok: bool | None) -> None:
         """True: the load is the replica's; False: a rank failed, invalid everywhere; None:
         refused before loading, drop what was staged."""
-        self._staged = None
+        with allow_host_sync():
+            self._staged = None
         if ok is False:
             self.invalid = True
 
