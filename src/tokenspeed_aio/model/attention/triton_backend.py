@@ -37,7 +37,6 @@ from tokenspeed_aio.model.attention.kv_store import (
     joint_qk_norm,
     rotates_whole_heads,
 )
-from tokenspeed_aio.model.attention.torch_backend import paged_attention
 from tokenspeed_aio.model.ops.determinism import batch_invariant
 
 if TYPE_CHECKING:
@@ -161,13 +160,9 @@ class TritonAttentionBackend(StoredKVBackend):
             )
         if attn.is_decode_only:
             real_tokens = decodes
-        elif batch_invariant():
-            # The extend kernel splits a prompt's keys where the prefix cache or the last
-            # chunk ended; the invariant path tiles them from position 0 wherever that is.
-            real_tokens = sum(attn.query_lens_host)
-            extended = paged_attention(q, k_cache, v_cache, attn, ctx.layer_kv_scales(layer_idx))
-            out[decodes:real_tokens] = extended[decodes:real_tokens].view(-1, *out.shape[1:])
         else:
+            # Batch-invariant as it is: every key comes from the cache in tiles aligned at
+            # position 0, so a query sees the same tiles whatever its row's prefix or chunk.
             extend_attention(
                 q3,
                 k_cache,
