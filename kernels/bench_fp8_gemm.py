@@ -48,9 +48,12 @@ MODELS = {
     "qwen3": ("block", [("qkv", 6144, 4096), ("o_proj", 4096, 4096),
                         ("gate_up", 24576, 4096), ("down", 4096, 12288)]),
 }  # fmt: skip
+# The 16-bit product's grid, and tiles of twice the K: an e4m3 tile of a given shape holds
+# half the bytes, so the same bytes in flight take twice the elements.
 GEMV_GRID = [
     (8, 512, 4, 3), (8, 1024, 8, 3), (16, 512, 4, 1), (16, 512, 8, 3),
     (4, 1024, 8, 1), (8, 1024, 4, 1), (16, 1024, 8, 1), (4, 512, 4, 3),
+    (8, 2048, 8, 3), (8, 2048, 8, 1), (16, 2048, 16, 1), (4, 2048, 4, 3), (4, 4096, 8, 1),
 ]  # fmt: skip
 # (BLOCK_N, SPLIT_K, num_stages) at BLOCK_K 128, 4 warps; BLOCK_M from the bucket.
 GEMM_GRID = [(64, 1, 3), (64, 2, 3), (64, 4, 3), (128, 1, 3), (128, 2, 3), (64, 1, 4),

@@ -48,7 +48,10 @@ Every launch is a programmatic dependent launch where the GPU has one (``pdl.py`
 product's programs may be resident while the kernel before it in the stream finishes. Each
 program loads its first weight tile before ``pdl.wait_prior`` -- no kernel writes a weight --
 and everything else after it, so one product's first weight reads overlap the tail of the
-product before it; the two-pass prologue, whose first loop reads h, waits first. On the H200
+product before it; the two-pass prologue of a 16-bit weight, whose first loop reads h,
+waits first. An FP8 product keeps its first tile across its prologue loops (the norm's
+and the activation's amax, both read from L2): an e4m3 tile is half a 16-bit one's
+registers, and without it the weight stream would start only after both. On the H200
 that took ~0.06 ms off a batch-1 Qwen3-8B or Llama-3-8B decode step (docs/performance.md).
 Tiles that divide the weight (``EVEN``) load unmasked: masked, the tile held across the wait
 cost registers (Qwen3's gate_up with its norm, 168 -> 254 per thread), and with them a
@@ -159,7 +162,7 @@ def products(
     """fp32 ``x . W[rows] + bias[rows]`` (x: the normed h with NORM, module doc), and the same
     for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h. Only the weight, which
     no kernel writes, is read before ``pdl.wait_prior``: the first tile, except with the
-    two-pass prologue, whose first loop reads h (module doc). FP8 (module doc): 0 a 16-bit
+    two-pass prologue of a 16-bit weight, whose first loop reads h (module doc). FP8 (module doc): 0 a 16-bit
     weight; 1 e4m3 with a scale per row of ``W_scale``, x quantized by its amax (a prologue
     loop) or by the static ``X_scale``; 2 e4m3 with 128 x 128 block scales ``W_scale``
     (row stride ``stride_ws``), x quantized per 128-group."""
@@ -174,7 +177,7 @@ def products(
     ws = W_scale + (tl.where(mask_n, rows, 0) // 128) * stride_ws
     ws_b = W_scale + (tl.where(mask_n, rows_b, 0) // 128) * stride_ws
     num_kb = tl.cdiv(K, 128)
-    peeled: tl.constexpr = not (NORM and TWO_PASS)
+    peeled: tl.constexpr = FP8 != 0 or not (NORM and TWO_PASS)
     if peeled:
         w_mask = mask_n[:, None] & (offs_k < K)[None, :]
         w = load_weight(w_ptrs, w_mask, EVEN)
@@ -184,7 +187,7 @@ def products(
     pdl.wait_prior(PDL)
     rstd = 1.0  # the two-pass prologue's, known before its product loop
     start = 0
-    if not peeled:
+    if NORM and TWO_PASS:
         for k0 in range(0, K, BLOCK_K):
             h = _load_h(X, Residual, k0 + offs_k, (k0 + offs_k) < K, HAS_RESIDUAL).to(tl.float32)
             sum_sq += h * h
