@@ -12,33 +12,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from tokenspeed_aio.scheduler.state import SchedulerState
 from tokenspeed_aio.wire.messages import CacheLoad, Load
 
 if TYPE_CHECKING:
-    from collections import deque
-
-    from tokenspeed_aio.scheduler.block_pool import BlockPool
-    from tokenspeed_aio.scheduler.host_tier import HostTier
     from tokenspeed_aio.scheduler.kv_events import KVEvent
-    from tokenspeed_aio.scheduler.plan import ScheduledRow
-    from tokenspeed_aio.scheduler.request import Request
-    from tokenspeed_aio.scheduler.storage import StorageTier
 
 
-class ReportingMixin:
-    config: object  # the SchedulerConfig (scheduler.py): check_idle reads max_num_seqs
-    requests: dict[str, Request]
-    waiting: deque[Request]
-    running: list[Request]
-    pool: BlockPool
-    host_tier: HostTier | None
-    storage: StorageTier | None
-    forward_rounds: int
-    forward_tokens: int
-    num_retractions: int
-    _free_slots: list[int]
-    _inflight: dict[int, tuple[list[Request], list[ScheduledRow]]]
-
+class ReportingMixin(SchedulerState):
     # -- the prefix cache, as control operations see it ------------------------------
     def can_clear_cache(self) -> bool:
         """Whether a flush may run now (non-mutating): no request holds a KV block, and

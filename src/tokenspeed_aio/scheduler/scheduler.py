@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from tokenspeed_aio.scheduler.admission import AdmissionMixin, SubmissionRejected
 from tokenspeed_aio.scheduler.block_pool import BlockPool
@@ -37,27 +36,11 @@ from tokenspeed_aio.scheduler.prefix_cache import publish_full_blocks
 from tokenspeed_aio.scheduler.reporting import ReportingMixin
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.rows import schedule_row
+from tokenspeed_aio.scheduler.state import SchedulerConfig
 from tokenspeed_aio.scheduler.storage import StorageTier
 from tokenspeed_aio.scheduler.transfers import ROLES, TransferMixin
 
 __all__ = ["HostTierConfig", "Scheduler", "SchedulerConfig", "SubmissionRejected"]
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int  # including the null block
-    page_size: int
-    max_num_seqs: int  # running requests, = request-pool slots
-    max_num_batched_tokens: int  # per-round token budget (chunked_prefill_size)
-    max_model_len: int
-    enable_prefix_caching: bool = True
-    role: str = "plain"  # prefill / decode: one side of a disaggregated deployment
-    host: HostTierConfig | None = None  # the L2 host pool and snapshot pool; None: off
-    storage: bool = False  # the L3 storage tier (needs the host tier and prefix caching)
-
-    def __post_init__(self) -> None:
-        if self.storage and (self.host is None or not self.enable_prefix_caching):
-            raise ValueError("the L3 storage tier needs the L2 host tier and prefix caching")
 
 
 class Scheduler(AdmissionMixin, TransferMixin, ReportingMixin):
