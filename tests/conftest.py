@@ -31,6 +31,20 @@ def ckpt(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="module")
+def mooncake_master(tmp_path_factory):
+    """A real ``mooncake_master`` on loopback, one per test module that asks for it."""
+    from helpers.mooncake import NO_MOONCAKE, WHY
+
+    from tokenspeed_aio.bench.deployment import MooncakeMaster
+
+    if NO_MOONCAKE:
+        pytest.skip(WHY)
+    master = MooncakeMaster(tmp_path_factory.mktemp("mooncake") / "master.log").start()
+    yield master
+    master.kill()
+
+
 @pytest.fixture
 async def start_engine():
     """Start engines for a test; each is leak-checked and shut down at teardown."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenspeed_aio.data_plane.device import DeviceHandle
+from tokenspeed_aio.data_plane.device_handle import DeviceHandle
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = "tokenspeed_kernels"

@@ -112,8 +112,8 @@ def test_file_backend_refuses_an_unusable_directory(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_mooncake_backend_roundtrip_and_namespace_delete(master):
-    store = mooncake(master)
+def test_mooncake_backend_roundtrip_and_namespace_delete(mooncake_master):
+    store = mooncake(mooncake_master)
     try:
         store.put_many(["nsA/x", "nsB/x"], [b"a" * 1000, b"b" * 10])
         assert store.exists(["nsA/x", "nsA/y"]) == [True, False]
@@ -128,7 +128,9 @@ def test_mooncake_backend_roundtrip_and_namespace_delete(master):
 @pytest.mark.timeout(60)
 def test_executor_put_query_get(backend, tmp_path, request):
     store = (
-        FileBackend(tmp_path) if backend == "file" else mooncake(request.getfixturevalue("master"))
+        FileBackend(tmp_path)
+        if backend == "file"
+        else mooncake(request.getfixturevalue("mooncake_master"))
     )
     rng = np.random.default_rng(0)
     pages = rng.integers(0, 255, (8, 64), dtype=np.uint8)

@@ -1,11 +1,10 @@
-"""The L3 tier with the parity prompts (in-process engines, one at a time): a second engine
-on the same file store answers the first one's prompts with L3 hits and the same greedy
-tokens as transformers -- at in-flight depth 0 and 1, with a pool small enough to retract,
-and with TP 2 on CPU (each rank stores and fetches its own shard of every page)."""
+"""The L3 tier in-process, on the file store, beyond the parity suite's cases (a fresh engine
+answering from the store, in tests/engine/test_hf_parity.py and, for TP 2,
+tests/multirank/test_multirank.py): a pool small enough to retract while L3 publishes and
+fetches, and flush_cache deleting the deployment's namespace."""
 
 from __future__ import annotations
 
-import pytest
 from helpers.generation import final_outputs
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
@@ -33,33 +32,6 @@ def l3_counts(engine) -> dict:
     }
 
 
-@pytest.mark.parametrize("depth", [0, 1])
-async def test_file_store_serves_a_restarted_engine(ckpt, start_engine, tmp_path, depth):
-    path = ckpt("llama")
-    flags = dict(
-        kvstore_storage_backend="file",
-        kvstore_storage_dir=str(tmp_path / "l3"),
-        in_flight_depth=depth,
-    )
-    prompts = [p for p in parity_prompts() if len(p) > 16]
-    want = [hf_greedy(str(path), tuple(ids), MAX_TOKENS)[0] for ids in prompts]
-    first = await start_engine(path, **flags)
-    outs = await final_outputs(first, prompts, GREEDY)
-    assert [o.token_ids for o in outs] == want
-    await first.check_idle()
-    counts = l3_counts(first)
-    assert counts["puts"] > 0 and counts["put_bytes"] > 0, counts
-    await first.shutdown()
-
-    second = await start_engine(path, **flags)
-    outs = await final_outputs(second, prompts, GREEDY)
-    assert [o.token_ids for o in outs] == want
-    counts = l3_counts(second)
-    full = sum((len(p) - 1) // 4 * 4 for p in prompts)
-    assert counts["fetched_tokens"] == full, counts  # every hash-complete page came from L3
-    assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // 4 * 4 for p in prompts]
-
-
 async def test_small_pool_retracts_with_l3(ckpt, start_engine, tmp_path):
     """A pool that retracts (images restored from L2) while L3 publishes and fetches: the
     tokens still equal transformers', on both engines."""
@@ -84,29 +56,6 @@ async def test_small_pool_retracts_with_l3(ckpt, start_engine, tmp_path):
         await engine.shutdown()
     assert counts[0]["retractions"] > 0 and counts[0]["puts"] > 0, counts
     assert counts[1]["fetched_tokens"] > 0, counts
-
-
-async def test_tp2_shards_share_the_store(ckpt, tmp_path):
-    from tokenspeed_aio import AsyncEngine, EngineArgs
-
-    path = ckpt("qwen3", num_key_value_heads=2)
-    prompts = [p for p in parity_prompts() if len(p) > 16]
-    want = [hf_greedy(str(path), tuple(ids), MAX_TOKENS)[0] for ids in prompts]
-    args = EngineArgs(
-        model=str(path), tp=2, max_model_len=512, page_size=4, num_kv_blocks=256,
-        max_num_seqs=16, kvstore_storage_backend="file", kvstore_storage_dir=str(tmp_path),
-    )  # fmt: skip
-    for attempt in range(2):
-        async with await AsyncEngine.start(args) as engine:
-            outs = await final_outputs(engine, prompts, GREEDY)
-            assert [o.token_ids for o in outs] == want, attempt
-            await engine.check_idle()
-            load = engine.frontend.loads[0][0]
-    cached = [o.num_cached_tokens for o in outs]
-    assert cached == [(len(p) - 1) // 4 * 4 for p in prompts], cached
-    assert load.cache.l3_fetched_tokens == sum(cached), load.cache
-    namespaces = sorted(d.name for d in tmp_path.iterdir())
-    assert len(namespaces) == 2, namespaces  # one per rank's shard
 
 
 async def test_flush_cache_deletes_the_namespace(ckpt, start_engine, tmp_path):

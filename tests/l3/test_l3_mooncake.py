@@ -14,11 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from helpers.mooncake import needs_mooncake
 from helpers.reference import checkpoint_path, hf_greedy
 
 from tokenspeed_aio.bench.deployment import scrape, start_engine, wait_engine
-
-from .conftest import needs_mooncake
 
 pytestmark = [needs_mooncake, pytest.mark.timeout(600)]
 
@@ -35,13 +34,13 @@ LEAK_GAUGES += ("l2_blocks_active", "l3_requests_preparing", "l3_queue_depth")
 
 
 @pytest.fixture(scope="module")
-def engines(master, tmp_path_factory):
+def engines(mooncake_master, tmp_path_factory):
     checkpoint = checkpoint_path(tmp_path_factory.mktemp("l3-ckpt"), "llama")
     logs = tmp_path_factory.mktemp("l3-logs")
     flags = dict(
         FLAGS,
-        kvstore_mooncake_master=master.address,
-        kvstore_mooncake_metadata_server=master.metadata_server,
+        kvstore_mooncake_master=mooncake_master.address,
+        kvstore_mooncake_metadata_server=mooncake_master.metadata_server,
     )
     procs = [start_engine(checkpoint, logs, n, model_name=MODEL, **flags) for n in "AB"]
     try:
@@ -126,7 +125,7 @@ def test_b_answers_a_prompt_from_l3(engines):
     wait_clean([a, b])
 
 
-def test_killing_the_master_fails_no_request(engines, master):
+def test_killing_the_master_fails_no_request(engines, mooncake_master):
     checkpoint, (a, b) = engines
     prompts = [prompt(100 + i, 40 + 13 * i) for i in range(12)]
     want = [hf_greedy(str(checkpoint), tuple(p), MAX_TOKENS)[0] for p in prompts]
@@ -134,7 +133,7 @@ def test_killing_the_master_fails_no_request(engines, master):
 
     def run(i: int) -> list[int]:
         if i == 4:
-            master.kill()
+            mooncake_master.kill()
         return generate((a, b)[i % 2].url, prompts[i])["output_ids"]
 
     with ThreadPoolExecutor(4) as pool:
@@ -149,7 +148,7 @@ def test_killing_the_master_fails_no_request(engines, master):
     )
     wait_clean([a, b])
 
-    master.restart()  # back: used again (the client reconnects)
+    mooncake_master.restart()  # back: used again (the client reconnects)
     ids = prompt(7, 121)
     full = (len(ids) - 1) // PAGE * PAGE
 

@@ -68,6 +68,29 @@ async def test_tp2_with_l2_matches_transformers(ckpt, policy):
     assert load.cache.load_backs > 0 and load.cache.l2_hit_tokens > 0, load
 
 
+async def test_tp2_from_l3_matches_transformers(ckpt, tmp_path):
+    """A first engine fills the file store, each rank with its own shard of every page; a
+    fresh one fetches every hash-complete page from it and answers as transformers does."""
+    path = ckpt("qwen3", num_key_value_heads=2)
+    prompts = parity_prompts()
+    want = [hf_greedy(str(path), tuple(ids), 8)[0] for ids in prompts]
+    args = EngineArgs(
+        model=str(path), tp=2, **SMALL, kvstore_storage_backend="file",
+        kvstore_storage_dir=str(tmp_path),
+    )  # fmt: skip
+    for attempt in ("first", "fresh"):
+        async with await AsyncEngine.start(args) as engine:
+            outs = await run_all(engine, prompts)
+            assert [out.token_ids for out in outs] == want, attempt
+            await engine.check_idle()
+            load = engine.frontend.loads[0][0]
+    cached = [out.num_cached_tokens for out in outs]
+    assert cached == [(len(ids) - 1) // 4 * 4 for ids in prompts], cached
+    assert load.cache.l3_fetched_tokens == sum(cached), load.cache
+    namespaces = sorted(d.name for d in tmp_path.iterdir())
+    assert len(namespaces) == 2, namespaces  # one per rank's shard
+
+
 async def test_dp2_serves_on_both_replicas(ckpt):
     path = ckpt("llama")
     prompts = parity_prompts(seed=5)

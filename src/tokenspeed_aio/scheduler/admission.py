@@ -10,19 +10,12 @@ once its stores landed.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from tokenspeed_aio.scheduler.plan import ExecutionPlan, NewSlotOwner, ScheduledRow
 from tokenspeed_aio.scheduler.prefix_cache import hash_full_blocks
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.rows import schedule_row
-
-if TYPE_CHECKING:
-    from collections import deque
-
-    from tokenspeed_aio.scheduler.block_pool import BlockPool
-    from tokenspeed_aio.scheduler.host_tier import HostTier
-    from tokenspeed_aio.scheduler.storage import StorageTier
+from tokenspeed_aio.scheduler.state import SchedulerState
 
 
 def _turn(req: Request) -> tuple[int, int]:
@@ -33,16 +26,7 @@ class SubmissionRejected(ValueError):
     """The whole submission batch was refused; nothing of it was inserted."""
 
 
-class AdmissionMixin:
-    requests: dict[str, Request]
-    waiting: deque[Request]
-    running: list[Request]
-    pool: BlockPool
-    host_tier: HostTier | None
-    storage: StorageTier | None
-    page_size: int
-    role: str
-    _free_slots: list[int]
+class AdmissionMixin(SchedulerState):
     _next_round: dict[str, int]  # group -> the round its next waiting sequence gets
     _arrivals: int
 

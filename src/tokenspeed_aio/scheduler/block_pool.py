@@ -1,20 +1,17 @@
 """Paged KV blocks: reference counts, a reserved null block, and the prefix-cache index.
 
 Every block but block 0 is either *active* (referenced by at least one request) or
-*free*. Free blocks wait in one LRU queue; a free block may still hold a cached
-prefix (it has a hash), in which case it is reusable by a prefix hit until a new
-allocation evicts it. Uncached blocks enter the queue at its front so they are
-handed out before any cached block is evicted.
-
-    free queue:  [empty ... empty | cached (least recently freed) ... cached (newest)]
-                  ^ allocate from here
+*free*. Free blocks wait in one LRU queue (free_queue.py); a free block may still hold a
+cached prefix (it has a hash), in which case it is reusable by a prefix hit until a new
+allocation evicts it. Uncached blocks enter the queue at its front so they are handed out
+before any cached block is evicted.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
+from tokenspeed_aio.scheduler.free_queue import FreeQueue
 from tokenspeed_aio.scheduler.kv_events import KVEventLog
 
 NULL_BLOCK = 0
@@ -27,12 +24,10 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.page_size = page_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._cached_key: list[tuple[int | None, tuple[int, ...]] | None] = [None] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._free = FreeQueue(num_blocks, first=1, what="block")
         self._num_empty = num_blocks - 1  # free and holding no cached prefix
-        self._num_active = 0
         self._cache: dict[int, int] = {}  # block hash -> block id
         self.events = KVEventLog()
         # The host tier's feeds (None while it is off): blocks published since it last
@@ -52,7 +47,7 @@ class BlockPool:
 
     @property
     def num_active(self) -> int:
-        return self._num_active
+        return self._free.num_active
 
     @property
     def num_resident(self) -> int:
@@ -60,48 +55,33 @@ class BlockPool:
         return self.num_usable - self._num_empty
 
     def ref_count(self, block: int) -> int:
-        return self._ref[block]
+        return self._free.ref_count(block)
 
     # -- allocation ---------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"allocate({n}) with only {len(self._free)} free blocks")
-        blocks = []
-        for _ in range(n):
-            block, _ = self._free.popitem(last=False)
+        blocks = self._free.allocate(n)
+        for block in blocks:
             key = self._hash[block]
             if key is None:
                 self._num_empty -= 1
             else:
                 self._evict(block, key)
-            self._ref[block] = 1
-            blocks.append(block)
-        self._num_active += n
         return blocks
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on prefix-cache hits (which may sit in the free queue)."""
-        for block in blocks:
-            if self._ref[block] == 0:
-                del self._free[block]
-                self._num_active += 1
-            self._ref[block] += 1
+        self._free.ref(blocks)
 
     def free(self, blocks: Sequence[int]) -> None:
         """Drop one reference from each block; tail blocks first, so they are evicted first."""
         for block in reversed(blocks):
-            ref = self._ref[block] - 1
-            if ref < 0:
-                raise RuntimeError(f"double free of block {block}")
-            self._ref[block] = ref
-            if ref == 0:
-                self._num_active -= 1
-                if self._hash[block] is None:
-                    self._free[block] = None
-                    self._free.move_to_end(block, last=False)
-                    self._num_empty += 1
-                else:
-                    self._free[block] = None
+            if not self._free.unref(block):
+                continue
+            if self._hash[block] is None:
+                self._free.push_empty(block)
+                self._num_empty += 1
+            else:
+                self._free.push_recent(block)
 
     # -- prefix cache -------------------------------------------------------
     def lookup(self, keys: Sequence[tuple[int, int | None, tuple[int, ...]]]) -> list[int]:
@@ -116,7 +96,7 @@ class BlockPool:
 
     def num_evictable_among(self, blocks: Sequence[int]) -> int:
         """How many of these (hit) blocks currently sit in the free queue."""
-        return sum(1 for b in blocks if self._ref[b] == 0)
+        return sum(1 for b in blocks if self._free.ref_count(b) == 0)
 
     def cache(self, block: int, key: int, parent: int | None, tokens: tuple[int, ...]) -> None:
         """Publish an active, fully written block under its chain hash."""
@@ -147,9 +127,9 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached-only block's hash; refused (False) while any block is active."""
-        if self._num_active:
+        if self._free.num_active:
             return False
-        for block in list(self._free):
+        for block in self._free:
             key = self._hash[block]
             if key is not None:
                 del self._cache[key]
@@ -164,11 +144,11 @@ class BlockPool:
 
     def check_idle(self) -> None:
         """Leak check: with no request resident, every block is free and unreferenced."""
-        active = [b for b in range(1, self.num_blocks) if self._ref[b]]
-        if active or self._num_active or len(self._free) != self.num_usable:
+        active = [b for b in self._free.referenced() if b != NULL_BLOCK]
+        if active or self._free.num_active or len(self._free) != self.num_usable:
             raise AssertionError(
-                f"block leak: active={active[:16]} num_active={self._num_active} "
+                f"block leak: active={active[:16]} num_active={self._free.num_active} "
                 f"free={len(self._free)}/{self.num_usable}"
             )
-        if self._ref[NULL_BLOCK] or NULL_BLOCK in self._free:
+        if self._free.ref_count(NULL_BLOCK) or NULL_BLOCK in self._free:
             raise AssertionError("null block was handed out")

@@ -6,17 +6,15 @@ A host block is *referenced* while an open cache op writes or reads it, or a ret
 image holds it; otherwise it is *free*: empty, or holding a published block (evictable,
 least recently used first). A block is published -- it enters the index and a ``CPU``
 BlockStored event -- when the write-back that fills it is acknowledged; until then its key
-is *pending*: no lookup hits it, and no second copy of it is written.
-
-    free queue: [empty ... | published (least recently used) ... published (newest)]
-                 ^ allocate from here
+is *pending*: no lookup hits it, and no second copy of it is written. Free blocks wait in
+one LRU queue (free_queue.py), empty ones in front of published ones.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from tokenspeed_aio.scheduler.free_queue import FreeQueue
 from tokenspeed_aio.scheduler.kv_events import CPU, KVEventLog
 
 BlockKey = tuple[int, int | None, tuple[int, ...]]  # (hash, parent hash, tokens)
@@ -28,12 +26,10 @@ class HostBlockPool:
             raise ValueError(f"the host pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.events = events
-        self._ref = [0] * num_blocks
         self._key: list[BlockKey | None] = [None] * num_blocks  # published or pending
         self._landed = [False] * num_blocks  # its bytes were written (the write was ACKed)
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free = FreeQueue(num_blocks, first=0, what="host block")
         self._num_empty = num_blocks
-        self._num_active = 0
         self._index: dict[int, int] = {}  # published hash -> block
         self._pending: dict[int, int] = {}  # hash being written -> block
 
@@ -45,7 +41,7 @@ class HostBlockPool:
 
     @property
     def num_active(self) -> int:
-        return self._num_active
+        return self._free.num_active
 
     @property
     def num_resident(self) -> int:
@@ -59,11 +55,8 @@ class HostBlockPool:
     # -- allocation ---------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
         """n blocks for writes, referenced once each; evicts the least recently used."""
-        if n > len(self._free):
-            raise RuntimeError(f"host allocate({n}) with only {len(self._free)} free blocks")
-        blocks = []
-        for _ in range(n):
-            block, _ = self._free.popitem(last=False)
+        blocks = self._free.allocate(n)
+        for block in blocks:
             key = self._key[block]
             if key is None:
                 self._num_empty -= 1
@@ -72,37 +65,24 @@ class HostBlockPool:
                 self._key[block] = None
                 self.events.removed(key[0], CPU)
             self._landed[block] = False
-            self._ref[block] = 1
-            blocks.append(block)
-        self._num_active += n
         return blocks
 
     def ref(self, blocks: Iterable[int]) -> None:
-        for block in blocks:
-            if self._ref[block] == 0:
-                del self._free[block]
-                self._num_active += 1
-            self._ref[block] += 1
+        self._free.ref(blocks)
 
     def unref(self, blocks: Iterable[int]) -> None:
         for block in blocks:
-            ref = self._ref[block] - 1
-            if ref < 0:
-                raise RuntimeError(f"double unref of host block {block}")
-            self._ref[block] = ref
-            if ref:
+            if not self._free.unref(block):
                 continue
-            self._num_active -= 1
             key = self._key[block]
             if key is not None and self._index.get(key[0]) == block:
-                self._free[block] = None  # published: most recently used
+                self._free.push_recent(block)  # published: most recently used
                 continue
             if key is not None:  # pending and never landed: its write was abandoned
                 del self._pending[key[0]]
                 self._key[block] = None
             self._landed[block] = False
-            self._free[block] = None
-            self._free.move_to_end(block, last=False)
+            self._free.push_empty(block)
             self._num_empty += 1
 
     # -- the index ----------------------------------------------------------
@@ -122,7 +102,7 @@ class HostBlockPool:
                 self.events.stored(key[0], key[1], key[2], CPU)
 
     def ref_count(self, block: int) -> int:
-        return self._ref[block]
+        return self._free.ref_count(block)
 
     def published_key(self, block: int) -> BlockKey | None:
         """The key ``block`` holds, if it is published (landed and in the index)."""
@@ -155,7 +135,7 @@ class HostBlockPool:
 
     def clear(self) -> None:
         """Drop every unreferenced published block (a prefix-cache reset)."""
-        for block in list(self._free):
+        for block in self._free:
             key = self._key[block]
             if key is not None:
                 del self._index[key[0]]
@@ -164,8 +144,8 @@ class HostBlockPool:
                 self._num_empty += 1
 
     def check_idle(self) -> None:
-        active = [b for b in range(self.num_blocks) if self._ref[b]]
-        if active or self._num_active or self._pending or len(self._free) != self.num_blocks:
+        active = self._free.referenced()
+        if active or self._free.num_active or self._pending or len(self._free) != self.num_blocks:
             raise AssertionError(
                 f"host block leak: referenced={active[:16]} pending={list(self._pending)[:8]} "
                 f"free={len(self._free)}/{self.num_blocks}"

@@ -18,14 +18,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
-
-import msgspec
 
 from tokenspeed_aio.scheduler.admission import AdmissionMixin, SubmissionRejected
 from tokenspeed_aio.scheduler.block_pool import BlockPool
 from tokenspeed_aio.scheduler.host_tier import HostTier, HostTierConfig, RetractionImage
-from tokenspeed_aio.scheduler.kv_events import KVEvent
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
     ForwardCommitted,
@@ -37,33 +33,17 @@ from tokenspeed_aio.scheduler.plan import (
     TransferLanded,
 )
 from tokenspeed_aio.scheduler.prefix_cache import publish_full_blocks
+from tokenspeed_aio.scheduler.reporting import ReportingMixin
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.rows import schedule_row
+from tokenspeed_aio.scheduler.state import SchedulerConfig
 from tokenspeed_aio.scheduler.storage import StorageTier
 from tokenspeed_aio.scheduler.transfers import ROLES, TransferMixin
-from tokenspeed_aio.wire.messages import CacheLoad, Load
 
 __all__ = ["HostTierConfig", "Scheduler", "SchedulerConfig", "SubmissionRejected"]
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int  # including the null block
-    page_size: int
-    max_num_seqs: int  # running requests, = request-pool slots
-    max_num_batched_tokens: int  # per-round token budget (chunked_prefill_size)
-    max_model_len: int
-    enable_prefix_caching: bool = True
-    role: str = "plain"  # prefill / decode: one side of a disaggregated deployment
-    host: HostTierConfig | None = None  # the L2 host pool and snapshot pool; None: off
-    storage: bool = False  # the L3 storage tier (needs the host tier and prefix caching)
-
-    def __post_init__(self) -> None:
-        if self.storage and (self.host is None or not self.enable_prefix_caching):
-            raise ValueError("the L3 storage tier needs the L2 host tier and prefix caching")
-
-
-class Scheduler(AdmissionMixin, TransferMixin):
+class Scheduler(AdmissionMixin, TransferMixin, ReportingMixin):
     def __init__(self, config: SchedulerConfig) -> None:
         if config.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {config.role!r}")
@@ -353,107 +333,6 @@ class Scheduler(AdmissionMixin, TransferMixin):
         req.status = Status.FINISHED
         if req.num_inflight == 0 and req.image is None:
             del self.requests[req.rid]
-
-    # -- the prefix cache, as control operations see it ------------------------------
-    def can_clear_cache(self) -> bool:
-        """Whether a flush may run now (non-mutating): no request holds a KV block, and
-        with the host tier no cache op is open and no retraction image is held."""
-        tier = self.host_tier
-        return (
-            self.pool.num_active == 0
-            and (tier is None or tier.idle())
-            and (self.storage is None or not self.storage.has_work())
-        )
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached prefix, in both tiers (one AllBlocksCleared event); False while
-        blocks are held."""
-        if not self.can_clear_cache():
-            return False
-        if self.host_tier is not None:
-            self.host_tier.host.clear()
-        if self.storage is not None:  # the flush deleted the store's objects too
-            self.storage.forget()
-        return self.pool.reset_prefix_cache()
-
-    def cached_block_hashes(self) -> set[int]:
-        """The prefix cache's keys (diagnostics and tests: what KV-event subscribers rebuild)."""
-        return self.pool.cached_hashes()
-
-    # -- reporting --------------------------------------------------------------
-    def drain_kv_events(self) -> list[KVEvent]:
-        return self.pool.events.drain()
-
-    def load(self) -> Load:
-        tier = self.host_tier
-        cache = None
-        if tier is not None:
-            host = tier.host
-            cache = CacheLoad(
-                host_total_blocks=host.num_blocks,
-                host_resident_blocks=host.num_resident,
-                host_active_blocks=host.num_active,
-                l2_hit_tokens=tier.stats.l2_hit_tokens,
-                images=tier.stats.images,
-                restores=tier.stats.restores,
-            )
-        if self.storage is not None:
-            st = self.storage.stats
-            cache = msgspec.structs.replace(
-                cache,
-                l3_queries=st.queries,
-                l3_query_hit_tokens=st.query_hit_tokens,
-                l3_fetched_tokens=st.fetched_tokens,
-                l3_recomputed_tokens=st.recomputed_tokens,
-                l3_preparing=len(self.storage.preparing),
-            )
-        return Load(
-            running=len(self.running),
-            waiting=len(self.waiting),
-            resident_blocks=self.pool.num_resident,
-            active_blocks=self.pool.num_active,
-            total_blocks=self.pool.num_usable,
-            forward_rounds=self.forward_rounds,
-            forward_tokens=self.forward_tokens,
-            num_preemptions=self.num_retractions,
-            cache=cache,
-        )
-
-    def has_work(self) -> bool:
-        """Anything to plan: a request to run, a forward to commit, a transfer, a cache op
-        to land or a write-back to plan."""
-        tier = self.host_tier
-        return bool(
-            self.running
-            or self.waiting
-            or self._inflight
-            or self._transfers_pending()
-            or (tier is not None and tier.has_work())
-            or (self.storage is not None and self.storage.has_work())
-        )
-
-    def has_cache_work(self) -> bool:
-        """A host-tier cache op to land or a write-back to plan, or a storage op open."""
-        tier, storage = self.host_tier, self.storage
-        return (tier is not None and tier.has_work()) or (
-            storage is not None and storage.has_work()
-        )
-
-    def check_idle(self) -> None:
-        """Leak check: no request, slot, block or in-flight forward is held."""
-        if self.requests or self.running or self.waiting or self._inflight:
-            raise AssertionError(
-                f"scheduler still holds requests={list(self.requests)[:8]} "
-                f"running={len(self.running)} waiting={len(self.waiting)} "
-                f"inflight={list(self._inflight)}"
-            )
-        if len(self._free_slots) != self.config.max_num_seqs:
-            raise AssertionError(f"slot leak: {len(self._free_slots)} free slots")
-        if self.storage is not None:
-            self.storage.check_idle()
-        if self.host_tier is not None:
-            self.host_tier.check_idle()
-        self.pool.check_idle()
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)

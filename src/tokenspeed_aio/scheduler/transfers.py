@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING
 
 from tokenspeed_aio.scheduler.plan import (
     ExecutionPlan,
@@ -37,22 +36,12 @@ from tokenspeed_aio.scheduler.plan import (
 from tokenspeed_aio.scheduler.prefix_cache import publish_full_blocks
 from tokenspeed_aio.scheduler.request import Request, Status
 from tokenspeed_aio.scheduler.rows import schedule_row
-
-if TYPE_CHECKING:
-    from tokenspeed_aio.scheduler.block_pool import BlockPool
+from tokenspeed_aio.scheduler.state import SchedulerState
 
 ROLES = ("plain", "prefill", "decode")
 
 
-class TransferMixin:
-    role: str
-    requests: dict[str, Request]
-    waiting: deque[Request]
-    running: list[Request]
-    pool: BlockPool
-    page_size: int
-    _free_slots: list[int]
-
+class TransferMixin(SchedulerState):
     def _init_transfers(self) -> None:
         # plan id -> (request, its index among the plan's sampling rows) of the rows that
         # end a disaggregated prompt (prefill engine)
