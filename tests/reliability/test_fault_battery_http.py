@@ -12,33 +12,12 @@ import time
 
 import httpx
 import psutil
+from helpers.hostile import hostile_rounds
+from helpers.workload import run_workload
 
 from reliability.harness import GREEDY, run_server
-from reliability.workload import run_workload
 
 L2 = {"kvstore_ratio": 2, "num_kv_blocks": 48, "max_num_seqs": 16}
-HOSTILE = [
-    ("/v1/completions", {"prompt": [2**64], "max_tokens": 1}, 400),
-    ("/v1/completions", {"prompt": ["a"] * 3, "n": 16, "max_tokens": 1}, 400),
-    ("/v1/completions", b'{"prompt": "a", "max_tokens": ', 400),
-    ("/v1/completions", {"prompt": "a", "max_tokens": 10**6}, 400),
-    ("/generate", {"input_ids": [], "sampling_params": {}}, 400),
-    ("/v1/chat/completions", {"messages": [{"role": "nobody"}]}, 400),
-]
-
-
-async def hostile_rounds(client: httpx.AsyncClient, until: asyncio.Event) -> list[tuple]:
-    """Every hostile request, again and again until ``until``: (route, status)."""
-    seen = []
-    while not until.is_set():
-        for route, body, _ in HOSTILE:
-            if isinstance(body, bytes):
-                r = await client.post(route, content=body)
-            else:
-                r = await client.post(route, json=body)
-            seen.append((route, r.status_code))
-        await asyncio.sleep(0.05)
-    return seen
 
 
 async def mixed_load(server, requests: int, seed: int) -> tuple:
