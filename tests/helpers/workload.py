@@ -111,8 +111,9 @@ async def one_request(
             except httpx.TimeoutException:
                 tally.outcomes["cancelled"] += 1
                 return
+            if response.status_code == 200:
+                tally.outcomes["completed"] += 1
             _expect_ok(response.status_code, response.text, tally, route)
-            tally.outcomes["completed"] += 1
             return
         if action == "abort_route":
             body["rid"] = f"{rid_prefix}-abort"

@@ -62,10 +62,8 @@ def kill_under_mixed_load(gateway, victim, survivor, seed: int) -> Killed:
             httpx.AsyncClient(base_url=gateway.url, timeout=60) as through,
             httpx.AsyncClient(base_url=survivor.url, timeout=60) as direct,
         ):
-            killed_event, stop = asyncio.Event(), asyncio.Event()
-            gateway_hostile = asyncio.create_task(
-                hostile_rounds(through, killed_event, model=MODEL)
-            )
+            before_kill, stop = asyncio.Event(), asyncio.Event()
+            gateway_hostile = asyncio.create_task(hostile_rounds(through, before_kill, model=MODEL))
             direct_hostile = asyncio.create_task(
                 hostile_rounds(direct, stop, pause=0.2, model=MODEL)
             )
@@ -81,10 +79,11 @@ def kill_under_mixed_load(gateway, victim, survivor, seed: int) -> Killed:
             )
             await asyncio.sleep(at)
             assert not load.done(), "the load ended before the kill"
+            before_kill.set()  # (one in flight at the kill may get the gateway's 5xx)
+            through_gateway = await gateway_hostile
             procs = victim.tree()
             victim.proc.send_signal(signal.SIGKILL)  # the frontend only: its ranks follow
             killed = time.monotonic()
-            killed_event.set()
             reaped = asyncio.create_task(asyncio.to_thread(reap, procs, killed))
             tally = await asyncio.wait_for(load, BOOTSTRAP_TIMEOUT + 15)
             ended = time.monotonic() - killed
@@ -93,7 +92,7 @@ def kill_under_mixed_load(gateway, victim, survivor, seed: int) -> Killed:
             clean = time.monotonic() - killed
             stop.set()
             return Killed(
-                tally, await gateway_hostile, await direct_hostile, at, ended, gone, orphans, clean
+                tally, through_gateway, await direct_hostile, at, ended, gone, orphans, clean
             )
 
     return asyncio.run(run())
