@@ -164,8 +164,8 @@ def test_the_trainer_sigkilled_mid_broadcast(reliability_checkpoint, tmp_path):
             await trainer.expect("ready")
             assert (await joined).status_code == 200, (await joined).text
             done = asyncio.Event()
-            hostile = asyncio.create_task(hostile_rounds(client, done, pause=0.2))
-            load = asyncio.create_task(run_workload(client, requests=30, concurrency=6, seed=8))
+            hostile = asyncio.create_task(hostile_rounds(client, done, pause=0.3))
+            load = asyncio.create_task(run_workload(client, requests=16, concurrency=4, seed=8))
             update = {
                 "names": manifest["names"], "dtypes": manifest["dtypes"],
                 "shapes": manifest["shapes"], "group_name": GROUP, "flush_cache": False,
