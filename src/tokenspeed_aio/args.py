@@ -347,8 +347,9 @@ ENGINE_HELP = {
     "engines look transfers up at",
     "disaggregation_bootstrap_timeout": "seconds a transfer room may wait for its peer (an "
     "unclaimed room, a decode waiting for its KV) before it fails",
-    "disaggregation_host": "the address other engines reach this engine's transfer endpoints "
-    "at (default: this machine's address)",
+    "disaggregation_host": "the address this engine's transfer endpoints (the bootstrap "
+    "server, the KV senders) listen on and other engines reach them at (default: loopback; "
+    "across nodes the interface that reaches --dist-init-addr)",
     "generation_config": "sampling defaults for fields a request leaves unset: auto (the "
     "checkpoint's generation_config.json), vllm (none), or a directory holding one",
     "enable_deterministic_inference": "batch-invariant matmul, attention and sampling: a "

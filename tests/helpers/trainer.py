@@ -11,7 +11,8 @@ and hands the weights to the engine one of three ways:
     python tests/helpers/trainer.py '{"mode": ..., "source": DIR, "out": DIR, ...}'
 
 It writes ``manifest.json`` (names, dtypes, shapes) into ``out`` once the checkpoint is
-saved, and prints ``ready`` / ``sent`` / ``done`` lines as it goes.
+saved, and prints ``ready`` / ``sent`` / ``done`` lines as it goes (``paused`` where
+``pause_after`` tensors were sent, for a test to kill it there).
 """
 
 from __future__ import annotations
@@ -58,12 +59,16 @@ def main(spec: dict) -> None:
         )
         print("ready", flush=True)
         stop_after = spec.get("stop_after")  # a trainer that dies mid-broadcast
+        pause_after = spec.get("pause_after")  # one that waits there to be killed
         for i, (_, tensor) in enumerate(named):
             if stop_after is not None and i == stop_after:
                 print("dying", flush=True)
                 import os
 
                 os._exit(3)
+            if pause_after is not None and i == pause_after:
+                print("paused", flush=True)
+                sys.stdin.readline()
             group.broadcast(tensor.contiguous())
         print("sent", flush=True)
     elif mode == "tensor":

@@ -2,10 +2,11 @@
 on loopback, each lending the store a segment. B answers a prompt A served earlier with an
 L3 hit and the same greedy tokens as transformers; killing the master mid-run fails no
 request (they recompute, the failures are counted) and leaks nothing; a master that comes
-back is used again."""
+back is used again; killed under hostile and cancelled requests, it fails none either."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -14,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from helpers.hostile import hostile_rounds
 from helpers.mooncake import needs_mooncake
 from helpers.reference import checkpoint_path, hf_greedy
+from helpers.workload import run_workload
 
 from tokenspeed_aio.bench.deployment import scrape, start_engine, wait_engine
 
@@ -172,3 +175,55 @@ def test_killing_the_master_fails_no_request(engines, mooncake_master):
 
     wait_for(b_hit, "the restarted master was not used again", timeout=60)
     wait_clean([a, b])
+
+
+def test_killing_the_master_under_hostile_and_cancelled_requests(engines, master):
+    """The master SIGKILLed at a random point of a mixed load on both engines: requests
+    abandoned by their clients at random points beside hostile ones. No valid request
+    fails, every hostile one is 400, both engines hold nothing afterwards (device, L2,
+    storage ops), and a greedy prompt still gets transformers' tokens."""
+    checkpoint, (a, b) = engines
+    rng = random.Random(29)
+    at = rng.uniform(0.3, 1.5)
+    failures = metric(a.url, "l3_failures_total") + metric(b.url, "l3_failures_total")
+
+    async def run() -> tuple:
+        async with (
+            httpx.AsyncClient(base_url=a.url, timeout=60) as ca,
+            httpx.AsyncClient(base_url=b.url, timeout=60) as cb,
+        ):
+            stop = asyncio.Event()
+            hostile = [asyncio.create_task(hostile_rounds(c, stop, pause=0.3)) for c in (ca, cb)]
+            loads = [
+                asyncio.create_task(run_workload(c, requests=16, concurrency=4, seed=seed))
+                for c, seed in ((ca, 31), (cb, 32))
+            ]
+            await asyncio.sleep(at)
+            assert not all(load.done() for load in loads), "the load ended before the kill"
+            master.kill()
+            killed = time.monotonic()
+            tallies = await asyncio.wait_for(asyncio.gather(*loads), 120)
+            ended = time.monotonic() - killed
+            stop.set()
+            return tallies, [s for h in hostile for s in await h], ended
+
+    tallies, hostile, ended = asyncio.run(run())
+    try:
+        for tally in tallies:
+            assert not tally.errors, tally.errors[:5]
+        assert hostile and all(s == 400 for _, s in hostile), hostile[:10]
+        wait_clean([a, b])
+        ids = prompt(11, 57)
+        want = hf_greedy(str(checkpoint), tuple(ids), MAX_TOKENS)[0]
+        assert generate(a.url, ids)["output_ids"] == want
+        assert generate(b.url, ids)["output_ids"] == want
+        after = metric(a.url, "l3_failures_total") + metric(b.url, "l3_failures_total")
+        wait_clean([a, b])
+    finally:
+        master.restart()
+    outcomes = tallies[0].outcomes + tallies[1].outcomes
+    print(
+        f"reliability: mooncake master killed {at:.2f} s into the load: {dict(outcomes)} "
+        f"hostile={len(hostile)} l3 failures +{after - failures:.0f}; "
+        f"requests ended {ended:.2f} s after the kill"
+    )

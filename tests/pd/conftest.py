@@ -2,8 +2,8 @@
 parallel): prefill engines P1, P2, decode engines D1, D2, an aggregated engine A, and
 the SGLang Model Gateway in front of them -- its Rust gateway for 1P1D, 2P1D and 1P2D,
 its mini-lb for 1P1D, and regular mode with the cache-aware policy for A. The fault
-tests' engines start with them: P-slow (every write waits WRITE_DELAY first) and
-D-dies (killed by a test)."""
+tests' engines start with them: P-slow (every write waits WRITE_DELAY first), D-dies
+(killed by a test), and P-kill, D-kill (SIGKILLed at a random point of a mixed load)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def pd_logs(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def deployment(pd_checkpoint, pd_logs):
     roles = {"P1": "prefill", "P2": "prefill", "D1": "decode", "D2": "decode", "A": "plain"}
-    roles |= {"P-slow": "prefill", "D-dies": "decode"}
+    roles |= {"P-slow": "prefill", "D-dies": "decode", "P-kill": "prefill", "D-kill": "decode"}
     slow = {"P-slow": {"TOKENSPEED_PD_WRITE_DELAY": str(WRITE_DELAY)}}
     engines = {
         n: start_engine(pd_checkpoint, pd_logs, n, role=r, env=slow.get(n))

@@ -41,6 +41,10 @@ def ch(**fields) -> dict:  # a chat body
     return {"messages": USER, **fields}
 
 
+def tool_turn(call: dict) -> dict:  # a chat body whose tool message carries ``call``
+    return {"messages": [*USER, {"role": "tool", "content": None, "tool_calls": [call]}]}
+
+
 def g(**sp) -> dict:  # a /generate body with these sampling params
     return {"text": "a", "sampling_params": sp}
 
@@ -173,6 +177,23 @@ CASES = [
     ("chat-template-kwargs-string", CHAT, ch(chat_template_kwargs="x"), 400,
      ["chat_template_kwargs", "expected object"]),
     ("chat-tools", CHAT, ch(tools=[{"type": "function"}]), 400, ["tools", "required"]),
+    # a tool message's call of the wrong shape (the schema fuzzer once got a 500 here)
+    ("chat-tool-call-function-string", CHAT, tool_turn({"function": "x"}), 400,
+     ["messages[1].tool_calls[0].function", "object", "str"]),
+    ("chat-tool-call-function-list", CHAT, tool_turn({"function": [1]}), 400,
+     ["messages[1].tool_calls[0].function", "object", "list"]),
+    ("chat-tool-call-function-number", CHAT, tool_turn({"function": 5}), 400,
+     ["messages[1].tool_calls[0].function", "object", "int"]),
+    ("chat-tool-call-arguments-number", CHAT, tool_turn({"function": {"arguments": 5}}), 400,
+     ["messages[1].tool_calls[0].function.arguments", "JSON string", "int"]),
+    ("chat-tool-call-arguments-nested", CHAT,
+     tool_turn({"function": {"arguments": "[" * 5000}}), 400,
+     ["messages[1].tool_calls[0].function.arguments", "nested too deeply"]),
+    ("chat-tool-call-arguments-not-json", CHAT, tool_turn({"function": {"arguments": "{x"}}),
+     400, ["messages[1].tool_calls[0].function.arguments", "not valid JSON"]),
+    ("chat-tool-call-id-number", CHAT,
+     {"messages": [*USER, {"role": "tool", "content": "4", "tool_call_id": 7}]}, 400,
+     ["messages[1].tool_call_id", "expected str"]),
     ("unknown-field", COMP, c(guided_foo=1), 400, ["guided_foo", "not supported"]),
     ("chat-top-logprobs-alone", CHAT, ch(top_logprobs=2), 400, ["top_logprobs", "logprobs"]),
     ("chat-top-logprobs-30", CHAT, ch(logprobs=True, top_logprobs=30), 400,
@@ -265,6 +286,24 @@ async def test_bad_input_is_a_4xx_naming_the_problem(
         assert "Traceback" not in response.text and 'File "' not in response.text
         ok = await client.post(COMP, json={"prompt": "still serving?", "max_tokens": 1})
         assert ok.status_code == 200, ok.text
+
+
+async def test_tool_messages_of_odd_but_valid_shapes_are_served(server):
+    """A tool message with no content, with text parts, without a tool_call_id, with a
+    call whose arguments are empty or an object: each rendered and served."""
+    tools = [
+        {"role": "tool", "content": None},
+        {"role": "tool", "content": [{"type": "text", "text": "4"}], "tool_call_id": "c1"},
+        {"role": "tool", "content": "4"},
+        {"role": "tool", "content": None, "tool_calls": [{"function": {"arguments": ""}}]},
+        {"role": "tool", "tool_calls": [{"id": "c2", "function": {"arguments": {"a": 1}}}]},
+        {"role": "tool", "content": "", "tool_calls": [{}], "name": "f"},
+    ]
+    async with server.client() as client:
+        for message in tools:
+            body = {"messages": [*USER, message], "max_tokens": 1}
+            response = await client.post(CHAT, json=body)
+            assert response.status_code == 200, (message, response.text)
 
 
 async def test_unknown_fields_are_refused_by_name_on_the_openai_routes(server):

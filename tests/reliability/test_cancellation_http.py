@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers.workload import run_workload
 
 from reliability.harness import GREEDY, run_server
-from reliability.workload import run_workload
 
 REQUESTS = 500
 CONCURRENCY = 24

@@ -1,44 +1,26 @@
 """Faults with hostile and cancelled requests mixed in, on the CPU server: the L2 host
 tier under a small device pool (retractions to the host), a rank SIGKILLed under that
-load, and a rank SIGKILLed mid-``release_memory_occupation``. For each: no request hangs
-past its timeout, no 5xx for a client error, no block held in either tier afterwards
-(or, for a killed rank, the server exits non-zero within 10 s with no orphan)."""
+load, a rank SIGKILLed mid-``release_memory_occupation``, and the trainer SIGKILLed
+mid-broadcast of a weight update. For each: no request hangs past its timeout, no 5xx
+for a client error, no block held in either tier afterwards (or, for a killed rank, the
+server exits non-zero within 10 s with no orphan)."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import time
 
 import httpx
 import psutil
+from helpers.hostile import hostile_rounds
+from helpers.workload import run_workload
+from rl.harness import GROUP, Trainer
 
-from reliability.harness import GREEDY, run_server
-from reliability.workload import run_workload
+from reliability.harness import GREEDY, free_port, run_server
 
 L2 = {"kvstore_ratio": 2, "num_kv_blocks": 48, "max_num_seqs": 16}
-HOSTILE = [
-    ("/v1/completions", {"prompt": [2**64], "max_tokens": 1}, 400),
-    ("/v1/completions", {"prompt": ["a"] * 3, "n": 16, "max_tokens": 1}, 400),
-    ("/v1/completions", b'{"prompt": "a", "max_tokens": ', 400),
-    ("/v1/completions", {"prompt": "a", "max_tokens": 10**6}, 400),
-    ("/generate", {"input_ids": [], "sampling_params": {}}, 400),
-    ("/v1/chat/completions", {"messages": [{"role": "nobody"}]}, 400),
-]
-
-
-async def hostile_rounds(client: httpx.AsyncClient, until: asyncio.Event) -> list[tuple]:
-    """Every hostile request, again and again until ``until``: (route, status)."""
-    seen = []
-    while not until.is_set():
-        for route, body, _ in HOSTILE:
-            if isinstance(body, bytes):
-                r = await client.post(route, content=body)
-            else:
-                r = await client.post(route, json=body)
-            seen.append((route, r.status_code))
-        await asyncio.sleep(0.05)
-    return seen
 
 
 async def mixed_load(server, requests: int, seed: int) -> tuple:
@@ -155,3 +137,72 @@ def test_a_rank_killed_mid_release_memory_occupation(reliability_checkpoint, tmp
     assert answer in (200, 503, "closed"), answer
     assert "rank 0 exited" in log or "died" in log, log[-2000:]
     print(f"reliability: rank killed mid-release, answer {answer}, gone in {exited:.2f} s")
+
+
+def test_the_trainer_sigkilled_mid_broadcast(reliability_checkpoint, tmp_path):
+    """The RL cycle over HTTP: the trainer joins the weight group with the server, starts
+    broadcasting an update, and is SIGKILLed after a random number of tensors while
+    hostile and cancelled requests run. The update fails within the group's timeout
+    (502, naming the tensor), the old weights serve on, nothing hangs or leaks."""
+    rng = random.Random(7)
+    port = free_port()
+
+    async def scenario(server) -> tuple:
+        trainer = await Trainer.start(
+            "distributed", reliability_checkpoint, tmp_path / "step", port=port,
+            world_size=2, group=GROUP, pause_after=rng.randrange(1, 20),
+        )  # fmt: skip
+        manifest = await trainer.manifest()
+        async with server.client(timeout=60) as client:
+            probe = {"prompt": "still here", "max_tokens": 6, **GREEDY}
+            before = (await client.post("/v1/completions", json=probe)).json()
+            init = {
+                "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+                "world_size": 2, "group_name": GROUP, "backend": "gloo", "timeout_seconds": 10,
+            }  # fmt: skip
+            joined = asyncio.create_task(client.post("/init_weights_update_group", json=init))
+            await trainer.expect("ready")
+            assert (await joined).status_code == 200, (await joined).text
+            done = asyncio.Event()
+            hostile = asyncio.create_task(hostile_rounds(client, done, pause=0.3))
+            load = asyncio.create_task(run_workload(client, requests=16, concurrency=4, seed=8))
+            update = {
+                "names": manifest["names"], "dtypes": manifest["dtypes"],
+                "shapes": manifest["shapes"], "group_name": GROUP, "flush_cache": False,
+                "weight_version": "v2",
+            }  # fmt: skip
+            updating = asyncio.create_task(
+                client.post("/update_weights_from_distributed", json=update)
+            )
+            await trainer.expect("paused")
+            trainer.proc.kill()
+            killed = time.monotonic()
+            answer = await asyncio.wait_for(updating, 15)
+            failed_after = time.monotonic() - killed
+            tally = await asyncio.wait_for(load, 120)
+            done.set()
+            version = (await client.get("/get_weight_version")).json()["weight_version"]
+            after = (await client.post("/v1/completions", json=probe)).json()
+            destroyed = await client.post(
+                "/destroy_weights_update_group", json={"group_name": GROUP}
+            )
+            await trainer.proc.wait()
+        return answer, failed_after, tally, await hostile, version, before, after, destroyed
+
+    with run_server(reliability_checkpoint, tmp_path) as server:
+        answer, failed_after, tally, hostile, version, before, after, destroyed = asyncio.run(
+            scenario(server)
+        )
+        assert answer.status_code == 502, answer.text
+        assert "broadcast failed at tensor" in answer.text and "unchanged" in answer.text
+        assert failed_after < 10, failed_after
+        assert not tally.errors, tally.errors[:5]
+        assert hostile and all(status == 400 for _, status in hostile), hostile[:10]
+        assert version == "default"
+        assert after["choices"][0]["text"] == before["choices"][0]["text"]  # the old weights
+        assert destroyed.status_code == 200, destroyed.text
+        asyncio.run(server.wait_idle(20))
+    print(
+        f"reliability: trainer killed mid-broadcast: update failed {failed_after:.2f} s after "
+        f"the kill ({answer.status_code}); {dict(tally.outcomes)} hostile={len(hostile)}"
+    )

@@ -18,9 +18,9 @@ import random
 import re
 
 import pytest
+from helpers.workload import run_workload
 
 from reliability.harness import GREEDY, run_thread_server
-from reliability.workload import run_workload
 from tokenspeed_aio.sampling_params import SamplingParams
 
 REQUESTS = 500

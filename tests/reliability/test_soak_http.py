@@ -13,9 +13,9 @@ import random
 import time
 
 import pytest
+from helpers.workload import Tally, run_workload
 
 from reliability.harness import run_server
-from reliability.workload import Tally, run_workload
 
 WARMUP_SECONDS = 15
 SOAK_SECONDS = 120

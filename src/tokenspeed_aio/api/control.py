@@ -23,6 +23,7 @@ from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.errors import EngineError
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.control import (
+    DEFAULT_GROUP_TIMEOUT,
     DEFAULT_WEIGHT_GROUP,
     ContinueGeneration,
     ControlOp,
@@ -130,6 +131,7 @@ class EngineControl:
         world_size: int,
         group_name: str = DEFAULT_WEIGHT_GROUP,
         backend: str | None = None,
+        timeout_seconds: float = DEFAULT_GROUP_TIMEOUT,
     ) -> ControlResult:
         op = InitWeightsGroup(
             master_address=master_address,
@@ -138,6 +140,7 @@ class EngineControl:
             world_size=world_size,
             group_name=group_name,
             backend=backend,
+            timeout_seconds=timeout_seconds,
         )
         return await self._control(op)
 

@@ -151,7 +151,7 @@ def start_engine(
     values = dict(flags)
     bootstrap = 0
     if role != "plain":
-        values.update(disaggregation_mode=role, disaggregation_host="127.0.0.1")
+        values.update(disaggregation_mode=role)  # its transfer endpoints on loopback
         if role == "prefill":
             bootstrap = free_port()
             values["disaggregation_bootstrap_port"] = bootstrap

@@ -12,8 +12,9 @@ An op runs in three agreed steps, so no rank acts on what a peer refused:
 
 1. prerequisites, MIN-reduced: this rank's state (weights resident, no request holding KV
    blocks when the op flushes) and, for an update, the data plane's staging (names and
-   shapes checked, this rank's payload decoded). A refusal anywhere: no rank flushes or
-   loads, every rank's weights and caches stay as they were, every replica says why.
+   shapes checked, this rank's payload decoded, a broadcast's tensors received). A refusal
+   anywhere: no rank flushes or loads, every rank's weights and caches stay as they were,
+   every replica says why (a trainer lost mid-broadcast: 502, the old weights serve on).
 2. the device call (the load), then its result MIN-reduced;
 3. the commit on every forward thread: the new weights are usable, or -- one rank failed,
    some may have loaded part -- invalid on every rank until restart, which every reply says.
@@ -29,6 +30,7 @@ from typing import Protocol
 from tokenspeed_aio.control.control_step import ControlStep, ControlView
 from tokenspeed_aio.control.data_plane import DataPlane
 from tokenspeed_aio.wire.control import (
+    BROADCAST_FAILED,
     WEIGHT_UPDATES,
     ControlCall,
     DestroyWeightsGroup,
@@ -107,6 +109,8 @@ class GatedOps:
                 return f"master_port: {op.master_port} is not a port"
             if op.backend not in (None, "nccl", "gloo"):
                 return f"backend: {op.backend!r} is not nccl or gloo"
+            if not 0 < op.timeout_seconds < math.inf:
+                return f"timeout_seconds: {op.timeout_seconds} is not a positive number of seconds"
         return None
 
     async def run_due(
@@ -144,7 +148,9 @@ class GatedOps:
         staged = False
         if problem is None and isinstance(op, WEIGHT_UPDATES):
             staged = True
-            problem = _as_problem(await _attempt(self.device.stage_weights(op)), 400)
+            error = await _attempt(self.device.stage_weights(op))
+            status = 502 if error is not None and error.startswith(BROADCAST_FAILED) else 400
+            problem = _as_problem(error, status)
         problem = await self._agree(problem)
         if problem is not None:
             if staged:

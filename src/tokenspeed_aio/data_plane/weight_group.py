@@ -27,6 +27,7 @@ class WeightGroup:
     backend: str
     rank: int
     world_size: int
+    timeout_seconds: float
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0) -> None:
         """Broadcast ``tensor`` in place from ``root`` (blocks until it arrived)."""
@@ -63,4 +64,4 @@ def init_weights_update_group(
         1, device=f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
     )
     group.allreduce([probe]).wait()
-    return WeightGroup(group, store, backend, rank, world_size)
+    return WeightGroup(group, store, backend, rank, world_size, timeout_seconds)

@@ -2,11 +2,13 @@
 the control plane's gate agrees on between them:
 
     stage   check the update on this rank and keep what the load needs -- the checkpoint's
-            files, this rank's decoded payload, the trainer group -- loading nothing: every
-            name must be a parameter of the model and every shape right (checked by the
-            same loaders on the model's meta-device twin)
-    load    copy the staged tensors into the parameters (for a distributed update, receive
-            each by a broadcast from the trainer's rank 0 first)
+            files, this rank's decoded payload, a distributed update's tensors received by
+            broadcast from the trainer's rank 0 -- loading nothing: every name must be a
+            parameter of the model and every shape right (checked by the same loaders on
+            the model's meta-device twin). A trainer lost mid-broadcast fails the stage, so
+            the gate refuses the update everywhere and the old weights serve on (the
+            received tensors are held until the load: one copy of the updated tensors)
+    load    copy the staged tensors into the parameters
     commit  the replica's outcome: usable, or -- some rank failed, this one may hold part
             of the new weights -- invalid; nothing runs on invalid weights again
 
@@ -18,7 +20,7 @@ torch's sync-debug check raising there (inside a C++ destructor) would abort the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -34,6 +36,7 @@ from tokenspeed_aio.model.loader import (
     safetensors_shapes,
 )
 from tokenspeed_aio.wire.control import (
+    BROADCAST_FAILED,
     InitWeightsGroup,
     UpdateWeightsFromDisk,
     UpdateWeightsFromDistributed,
@@ -167,14 +170,22 @@ class WeightUpdater:
         ]
         self._check((name, shape) for name, _, shape in specs)
         where = self.device if group.backend == "nccl" else torch.device("cpu")
-
-        def receive() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, dtype, shape in specs:
+        received = []
+        with allow_host_sync():  # the broadcast waits for the trainer
+            for i, (name, dtype, shape) in enumerate(specs):
                 tensor = torch.empty(shape, dtype=dtype, device=where)
-                group.broadcast(tensor)
-                yield name, tensor
-
-        return receive
+                try:
+                    group.broadcast(tensor)
+                except RuntimeError as err:  # the trainer died, or hung past the timeout
+                    logger.warning("weight broadcast failed at %s: %s", name, err)
+                    raise ValueError(
+                        f"{BROADCAST_FAILED} at tensor {i + 1} of {len(specs)} ({name}) of "
+                        f"group {update.group_name!r} (each broadcast waits at most "
+                        f"{group.timeout_seconds:g} s): {err}; nothing was loaded, the "
+                        "weights in use are unchanged; destroy the group and init a new one"
+                    ) from err
+                received.append((name, tensor))
+        return lambda: iter(received)
 
     def _check(self, shapes: Iterable[tuple[str, tuple[int, ...]]]) -> None:
         """Every name a parameter, every shape right: the real loaders on the meta twin."""

@@ -4,7 +4,6 @@ build_device_side): the Mooncake engine, the pool's registration, the peer."""
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Sequence
 
 from tokenspeed_aio.args import EngineArgs
@@ -13,18 +12,20 @@ from tokenspeed_aio.pd.peer import PeerLoop, new_instance
 from tokenspeed_aio.pd.receiver import DecodePeer
 from tokenspeed_aio.pd.sender import PrefillPeer
 from tokenspeed_aio.pd.transfer_engine import MooncakeEngine
+from tokenspeed_aio.wire.addresses import local_address
 
 logger = logging.getLogger(__name__)
 
 
 def advertised_host(args: EngineArgs) -> str:
-    """The address other engines reach this one's transfer endpoints at."""
+    """The address this engine's transfer endpoints (the bootstrap server, the KV senders)
+    listen on and other engines reach them at: ``--disaggregation-host``; across nodes, the
+    interface that reaches ``--dist-init-addr``; else loopback."""
     if args.disaggregation_host:
         return args.disaggregation_host
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+    if args.nnodes > 1:
+        return local_address(args.dist_init_addr.rsplit(":", 1)[0])
+    return "127.0.0.1"
 
 
 def build_transfer_peer(
@@ -48,7 +49,7 @@ def build_transfer_peer(
         )
     else:
         # The first rank serves the bootstrap port; every rank registers there.
-        dial = "127.0.0.1"
+        dial = host
         if args.nnodes > 1:
             dial = args.dist_init_addr.rsplit(":", 1)[0]
         peer = PrefillPeer(

@@ -133,8 +133,8 @@ class PrefillPeer(PeerLoop):
 
     async def _start(self, host: str, bootstrap: tuple[str, int]) -> None:
         if self._bootstrap is not None:
-            await self._bootstrap.start("0.0.0.0", bootstrap[1])
-        self._server = await asyncio.start_server(self._serve, "0.0.0.0", 0)
+            await self._bootstrap.start(bootstrap[0], bootstrap[1])
+        self._server = await asyncio.start_server(self._serve, host, 0)
         port = self._server.sockets[0].getsockname()[1]
         endpoint = RankEndpoint(
             self.tp_rank, host, port, self.engine.session, self.instance, self.layout

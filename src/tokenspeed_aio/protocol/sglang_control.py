@@ -39,6 +39,7 @@ class InitWeightsUpdateGroupRequest(msgspec.Struct, kw_only=True, omit_defaults=
     world_size: int
     group_name: str = DEFAULT_GROUP
     backend: str | None = None  # nccl | gloo
+    timeout_seconds: float = 60.0  # one collective's bound: a hung trainer fails the update
 
 
 class UpdateWeightsFromDistributedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -25,21 +25,32 @@ def _tool_calls(calls: list[dict[str, Any]], index: int) -> list[dict[str, Any]]
     ``tool_call.arguments | tojson``, Qwen's), so they get the object, as vLLM does."""
     result = []
     for j, call in enumerate(calls):
+        field = f"messages[{index}].tool_calls[{j}].function"
         call = dict(call)
-        function = dict(call.get("function") or {})
+        function = call.get("function")
+        if function is None:
+            function = {}
+        elif not isinstance(function, dict):
+            raise _refused(index, field, f"must be an object, got {type(function).__name__}")
+        function = dict(function)
         args = function.get("arguments")
         if isinstance(args, str):
             try:
                 function["arguments"] = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError:
-                raise ApiError(
-                    400,
-                    f"messages[{index}].tool_calls[{j}].function.arguments: not valid JSON",
-                    param=f"messages[{index}].tool_calls",
-                ) from None
+                raise _refused(index, f"{field}.arguments", "not valid JSON") from None
+            except RecursionError:
+                raise _refused(index, f"{field}.arguments", "JSON nested too deeply") from None
+        elif args is not None and not isinstance(args, dict):
+            kind = type(args).__name__
+            raise _refused(index, f"{field}.arguments", f"must be a JSON string, got {kind}")
         call["function"] = function
         result.append(call)
     return result
+
+
+def _refused(index: int, field: str, problem: str) -> ApiError:
+    return ApiError(400, f"{field}: {problem}", param=f"messages[{index}].tool_calls")
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

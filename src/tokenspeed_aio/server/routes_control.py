@@ -136,6 +136,7 @@ def control_router(ctx: ServerContext) -> APIRouter:
             req.world_size,
             req.group_name,
             req.backend,
+            req.timeout_seconds,
         )
         return await run(call)
 

@@ -15,6 +15,12 @@ import msgspec
 PAUSE_MODES = ("abort", "wait", "keep")
 MEMORY_TAGS = ("kv_cache", "weights")
 DEFAULT_WEIGHT_GROUP = "weight_update_group"
+# Seconds one collective of a trainer group may wait for its peers (a trainer that hangs
+# fails the update after this long instead of holding the forward thread)
+DEFAULT_GROUP_TIMEOUT = 60.0
+# How a staging failure that is no fault of the request begins (a trainer that died or
+# hung mid-broadcast): the gate answers it 502, not 400
+BROADCAST_FAILED = "the trainer's broadcast failed"
 
 
 class PauseGeneration(msgspec.Struct, tag=True, kw_only=True):
@@ -71,7 +77,7 @@ class InitWeightsGroup(msgspec.Struct, tag=True, kw_only=True):
     world_size: int
     group_name: str = DEFAULT_WEIGHT_GROUP
     backend: str | None = None  # nccl on GPU, gloo on CPU when unset
-    timeout_seconds: float = 600.0
+    timeout_seconds: float = DEFAULT_GROUP_TIMEOUT
 
 
 class UpdateWeightsFromDistributed(msgspec.Struct, tag=True, kw_only=True):

@@ -4,10 +4,8 @@ this rank's L2 host pages: the deployment identity, the backend and the executor
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import os
-import socket
 from pathlib import Path
 
 import torch
@@ -21,6 +19,7 @@ from tokenspeed_aio.cache.l3.backends import (
 )
 from tokenspeed_aio.cache.l3.executor import L3Executor
 from tokenspeed_aio.cache.l3.identity import DeploymentIdentity
+from tokenspeed_aio.wire.addresses import local_address
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ def build_l3(
             master=master,
             metadata_server=args.kvstore_mooncake_metadata_server or f"http://{host}:8080/metadata",
             segment_bytes=int(args.kvstore_mooncake_segment_gb * 2**30),
-            local_hostname=_local_address(host),
+            local_hostname=local_address(host),
         )
         backend = MooncakeBackend(settings)
         where = f"master {master}"
@@ -96,19 +95,6 @@ def build_l3(
         args.kvstore_storage_timeout,
     )
     return L3Executor(backend, pages, identity.namespace, timeout=args.kvstore_storage_timeout)
-
-
-def _local_address(master_host: str) -> str:
-    """The address the store's peers reach this client at: loopback for a local master,
-    else the interface that routes to the master."""
-    try:
-        if ipaddress.ip_address(socket.gethostbyname(master_host)).is_loopback:
-            return "127.0.0.1"
-    except (OSError, ValueError):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((master_host, 1))
-        return s.getsockname()[0]
 
 
 def _digest(data: bytes) -> str:

@@ -1,6 +1,6 @@
 """Random client behaviour against a running server: requests on every generating
 route, streamed or not, that their clients abandon at random points. Shared by the
-cancellation tests and the soak test; every request is tallied by what happened to
+cancellation, soak and fault tests; every request is tallied by what happened to
 it, so a test can state how many were cancelled where and how many completed."""
 
 from __future__ import annotations
@@ -50,9 +50,12 @@ class Tally:
         self.errors.extend(other.errors)
 
 
-def request_body(route: str, rng: random.Random, *, stream: bool, structured: bool = False):
+def request_body(
+    route: str, rng: random.Random, *, stream: bool, structured: bool = False, model: str | None
+):
     """A valid body for ``route``: a short random prompt, 1..48 new tokens, greedy or
-    sampled, sometimes n=2 (completions/chat) or a json_schema (structured)."""
+    sampled, sometimes n=2 (completions/chat) or a json_schema (structured); naming
+    ``model`` where given (a gateway needs it)."""
     words = " ".join(rng.choice(("alpha", "beta", "for", "while", "def", "class", "x"))
                      for _ in range(rng.randint(1, 24)))  # fmt: skip
     max_tokens = rng.randint(1, 48)
@@ -63,6 +66,8 @@ def request_body(route: str, rng: random.Random, *, stream: bool, structured: bo
             sp["json_schema"] = json.dumps(SCHEMA)
         return {"text": words, "sampling_params": sp, "stream": stream}
     body = {"max_tokens": max_tokens, "stream": stream, **sampling}
+    if model is not None:
+        body["model"] = model
     if rng.random() < 0.15:
         body["n"] = 2
     if structured:
@@ -88,12 +93,15 @@ async def one_request(
     *,
     rid_prefix: str,
     structured: bool = False,
+    model: str | None = None,
+    abort_route: bool = True,
 ) -> None:
-    """Send one request and end it as a random action says; record the outcome."""
-    action = rng.choices(ACTIONS, WEIGHTS)[0]
+    """Send one request and end it as a random action says (``abort_route`` False: never
+    by ``/abort_request``, which a gateway does not route); record the outcome."""
+    action = rng.choices(ACTIONS, WEIGHTS if abort_route else (*WEIGHTS[:-1], 0))[0]
     route = "/generate" if action == "abort_route" else rng.choice(ROUTES)
     stream = action not in ("complete", "timeout") or rng.random() < 0.5
-    body = request_body(route, rng, stream=stream, structured=structured)
+    body = request_body(route, rng, stream=stream, structured=structured, model=model)
     tally.actions[action] += 1
     try:
         if not stream:
@@ -103,8 +111,9 @@ async def one_request(
             except httpx.TimeoutException:
                 tally.outcomes["cancelled"] += 1
                 return
+            if response.status_code == 200:
+                tally.outcomes["completed"] += 1
             _expect_ok(response.status_code, response.text, tally, route)
-            tally.outcomes["completed"] += 1
             return
         if action == "abort_route":
             body["rid"] = f"{rid_prefix}-abort"
@@ -174,6 +183,8 @@ async def run_workload(
     concurrency: int,
     seed: int,
     structured_every: int = 0,
+    model: str | None = None,
+    abort_route: bool = True,
 ) -> Tally:
     """``requests`` random requests, ``concurrency`` at a time."""
     tally = Tally()
@@ -186,7 +197,7 @@ async def run_workload(
             structured = bool(structured_every) and i % structured_every == 0
             await one_request(
                 client, random.Random(seeds[i]), tally, rid_prefix=f"w{seed}-{i}",
-                structured=structured,
+                structured=structured, model=model, abort_route=abort_route,
             )  # fmt: skip
 
     await asyncio.gather(*(worker(i) for i in range(requests)))
