@@ -177,7 +177,7 @@ def test_killing_the_master_fails_no_request(engines, mooncake_master):
     wait_clean([a, b])
 
 
-def test_killing_the_master_under_hostile_and_cancelled_requests(engines, master):
+def test_killing_the_master_under_hostile_and_cancelled_requests(engines, mooncake_master):
     """The master SIGKILLed at a random point of a mixed load on both engines: requests
     abandoned by their clients at random points beside hostile ones. No valid request
     fails, every hostile one is 400, both engines hold nothing afterwards (device, L2,
@@ -200,7 +200,7 @@ def test_killing_the_master_under_hostile_and_cancelled_requests(engines, master
             ]
             await asyncio.sleep(at)
             assert not all(load.done() for load in loads), "the load ended before the kill"
-            master.kill()
+            mooncake_master.kill()
             killed = time.monotonic()
             tallies = await asyncio.wait_for(asyncio.gather(*loads), 120)
             ended = time.monotonic() - killed
@@ -220,7 +220,7 @@ def test_killing_the_master_under_hostile_and_cancelled_requests(engines, master
         after = metric(a.url, "l3_failures_total") + metric(b.url, "l3_failures_total")
         wait_clean([a, b])
     finally:
-        master.restart()
+        mooncake_master.restart()
     outcomes = tallies[0].outcomes + tallies[1].outcomes
     print(
         f"reliability: mooncake master killed {at:.2f} s into the load: {dict(outcomes)} "
