@@ -186,6 +186,7 @@ class EventLoop:
         self.scheduler.advance_head(aborted, acknowledged, stored)
         # 3. plan
         plan = self.scheduler.next_execution_plan(allow_forward=step.allow_forward)
+        self.load_reporter.planned(plan.num_tokens)
         self.cache_ops.dispatched(plan)
         self._submit_storage(plan)
         self.output.finish_planned_aborts(plan.aborts)
