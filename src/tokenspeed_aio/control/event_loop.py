@@ -8,7 +8,7 @@
        client aborts (their transfers cancel) -> scheduler.advance_head, so this round's
        plan sees them
     3. plan: scheduler.next_execution_plan() (no forward in a frozen round); count its
-       cache ops; submit its storage ops to the L3 executor; finish plan.aborts; DP
+       tokens (the iteration histogram) and its cache ops; submit its storage ops to the L3 executor; finish plan.aborts; DP
        agreement
     4. dispatch one data_plane.execute(plan) when there is device work -- a batch, a cache
        op or a remote stream (committing the queue first if the dispatch depends on a

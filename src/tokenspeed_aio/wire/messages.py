@@ -98,7 +98,8 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 
 class Load(msgspec.Struct, array_like=True, frozen=True):
     """The scheduler's load, sent with every output batch and as the idle heartbeat; the
-    JIT counts are the data plane's, filled in by the load reporter."""
+    JIT counts (the data plane's) and the iteration buckets are filled in by the load
+    reporter."""
 
     running: int
     waiting: int
