@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import types
 
 import httpx
 import jsonschema
@@ -16,8 +17,12 @@ import openai
 import pytest
 from helpers.apps import serve_apps
 from helpers.instruct import make_instruct_checkpoint
+from server.conftest import wait_idle
 
+from tokenspeed_aio.control.transport import LoadReporter
+from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.options import ServerOptions
+from tokenspeed_aio.wire.messages import Load
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 KEY, METRICS_KEY = "sekret", "scrape-key"
@@ -370,6 +375,7 @@ async def test_iteration_tokens_is_a_histogram_of_tokens_per_round(apps):
     rounds of one token each, bucketed as vLLM's vllm:iteration_tokens_total."""
     prompt = "Rounds are bucketed by the tokens each one forwards, " * 2  # no other test's
     num_prompt = await token_count(apps, prompt)
+    await wait_idle(apps["plain"])  # no other request's rounds in between
     async with httpx.AsyncClient(base_url=apps["plain"]) as http:
         before = iteration_histogram((await http.get("/metrics")).text)
         async with oai(apps) as client:
@@ -389,6 +395,25 @@ async def test_iteration_tokens_is_a_histogram_of_tokens_per_round(apps):
     # at or above its prompt.
     grew = {le: b1 - b0 for (le, b1), (_, b0) in zip(buckets1, buckets0, strict=True)}
     assert grew == {le: 5 if le < num_prompt else 6 for le in grew}
+
+
+def test_the_iteration_histogram_sums_the_replicas_reports():
+    """Two data-parallel replicas' reports (the load reporter's buckets, the scheduler's
+    rounds and tokens) render as one histogram."""
+    rounds = {0: [1, 1, 30], 1: [1, 9000]}  # tokens per round, by replica
+    loads = {}
+    for replica, tokens in rounds.items():
+        reporter = LoadReporter(replica)
+        for n in tokens:
+            reporter.planned(n)
+        load = Load(0, 0, 0, 0, 16, forward_rounds=len(tokens), forward_tokens=sum(tokens))
+        loads[replica] = (reporter.batch([], load).load, 0.0)
+    text = ServerMetrics(types.SimpleNamespace(loads=loads), "m").render([])[0].decode()
+    buckets, total, count = iteration_histogram(text)
+    cumulative = dict(buckets)
+    assert (count, total) == (5, 9033)
+    assert (cumulative[1], cumulative[16], cumulative[32], cumulative[8192]) == (3, 3, 4, 4)
+    assert cumulative[16384] == cumulative[float("inf")] == 5
 
 
 async def token_count(apps, text: str) -> int:
