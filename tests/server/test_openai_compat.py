@@ -17,7 +17,6 @@ import openai
 import pytest
 from helpers.apps import serve_apps
 from helpers.instruct import make_instruct_checkpoint
-from server.conftest import wait_idle
 
 from tokenspeed_aio.control.transport import LoadReporter
 from tokenspeed_aio.server.metrics import ServerMetrics
@@ -370,14 +369,26 @@ def iteration_histogram(text: str) -> tuple[list[tuple[float, float]], float, fl
     return sorted(buckets), total, count
 
 
+async def idle_metrics(http: httpx.AsyncClient, timeout: float = 10.0) -> str:
+    """/metrics once no request runs or waits."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        text = (await http.get("/metrics")).text
+        busy = [metric(text, f"tokenspeed:num_requests_{k}") for k in ("running", "waiting")]
+        if busy == [0, 0]:
+            return text
+        assert loop.time() < deadline, f"running, waiting after {timeout} s: {busy}"
+        await asyncio.sleep(0.05)
+
+
 async def test_iteration_tokens_is_a_histogram_of_tokens_per_round(apps):
     """One request alone, 6 tokens: one prefill round of its whole prompt and five decode
     rounds of one token each, bucketed as vLLM's vllm:iteration_tokens_total."""
     prompt = "Rounds are bucketed by the tokens each one forwards, " * 2  # no other test's
     num_prompt = await token_count(apps, prompt)
-    await wait_idle(apps["plain"])  # no other request's rounds in between
     async with httpx.AsyncClient(base_url=apps["plain"]) as http:
-        before = iteration_histogram((await http.get("/metrics")).text)
+        before = iteration_histogram(await idle_metrics(http))  # no other request's rounds
         async with oai(apps) as client:
             out = await client.completions.create(
                 model="tiny", prompt=prompt, max_tokens=6, temperature=0,
