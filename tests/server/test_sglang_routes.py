@@ -112,3 +112,62 @@ async def test_rid_already_running_is_a_409(http, http_server):
         events = [line async for line in lines if line.startswith("data: {")]
     assert json.loads(events[-1][6:])["meta_info"]["finish_reason"]["type"] == "abort"
     await wait_idle(http_server.base_url)
+
+
+# -- the fields /generate takes --------------------------------------------------------
+TEXT = {"text": "Hello there", "sampling_params": {"max_new_tokens": 2, **GREEDY}}
+# (body fields over TEXT, the param the 400 names)
+REFUSED = [
+    ({"sampling_parms": {}}, "sampling_parms"),  # a misspelling, not silently defaults
+    ({"max_new_tokens": 4}, "max_new_tokens"),  # a sampling param at the top level
+    ({"sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),  # vLLM's name
+    ({"input_ids": [[1, 2], [3]], "text": None,
+      "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 2, "seed": 1}]},
+     "sampling_params[1].seed"),
+    # documented by SGLang, not implemented here: refused away from their defaults
+    ({"lora_path": "adapters/a"}, "lora_path"),
+    ({"return_hidden_states": True}, "return_hidden_states"),
+    ({"logprob_start_len": 0, "return_logprob": True}, "logprob_start_len"),
+    ({"image_data": "https://example.com/cat.png"}, "image_data"),
+    ({"sampling_params": {"stop_regex": "a+"}}, "sampling_params.stop_regex"),
+    ({"input_ids": [[1, 2], [3]], "text": None,
+      "sampling_params": [{"max_new_tokens": 2}, {"custom_params": {"k": 1}}]},
+     "sampling_params[1].custom_params"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra, param", REFUSED, ids=[p for _, p in REFUSED])
+async def test_generate_refuses_a_field_it_does_not_take_by_name(http, extra, param):
+    response = await http.post("/generate", json={**TEXT, **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: ")
+    assert (await http.post("/generate", json=TEXT)).status_code == 200  # still serving
+
+
+async def test_generate_takes_the_documented_fields_at_their_defaults(http):
+    """What SGLang clients and the gateway send with every request, at SGLang's defaults:
+    answered as if left out."""
+    plain = (await http.post("/generate", json=TEXT)).json()
+    defaults = {
+        "log_metrics": False, "logprob_start_len": -1, "return_text_in_logprobs": False,
+        "return_hidden_states": False, "lora_path": None, "session_params": None,
+        "custom_logit_processor": None, "data_parallel_rank": None, "image_data": None,
+        "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
+        "sampling_params": {**TEXT["sampling_params"], "spaces_between_special_tokens": True,
+                            "stop_regex": None, "custom_params": None},
+    }  # fmt: skip
+    response = await http.post("/generate", json={**TEXT, **defaults})
+    assert response.status_code == 200, response.text
+    assert response.json()["output_ids"] == plain["output_ids"]
+
+
+async def test_generate_logit_bias_and_its_key_errors(http, http_server):
+    the = Tokenizer(http_server.checkpoint).encode(" the")[-1]
+    params = {**TEXT["sampling_params"], "max_new_tokens": 4, "logit_bias": {str(the): 100}}
+    forced = (await http.post("/generate", json={**TEXT, "sampling_params": params})).json()
+    assert forced["output_ids"] == [the] * 4
+    bad = {**params, "logit_bias": {"the": 5}}
+    response = await http.post("/generate", json={**TEXT, "sampling_params": bad})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "sampling_params.logit_bias"

@@ -55,9 +55,9 @@ async def test_stream_disconnect_after_3_chunks_frees_the_engine(http_server, ro
         },
         "/generate": {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 900}},
     }[route]
-    body.update(stream=True, ignore_eos=True)
-    if route == "/generate":
-        body["sampling_params"]["ignore_eos"] = True
+    body["stream"] = True
+    # /generate takes ignore_eos in its sampling_params (a top-level one is refused)
+    (body["sampling_params"] if route == "/generate" else body)["ignore_eos"] = True
     before = await scrape(http_server.base_url)
     async with (
         httpx.AsyncClient(headers=http_server.headers, timeout=30) as client,

@@ -8,7 +8,7 @@
        client aborts (their transfers cancel) -> scheduler.advance_head, so this round's
        plan sees them
     3. plan: scheduler.next_execution_plan() (no forward in a frozen round); count its
-       cache ops; submit its storage ops to the L3 executor; finish plan.aborts; DP
+       tokens (the iteration histogram) and its cache ops; submit its storage ops to the L3 executor; finish plan.aborts; DP
        agreement
     4. dispatch one data_plane.execute(plan) when there is device work -- a batch, a cache
        op or a remote stream (committing the queue first if the dispatch depends on a
@@ -186,6 +186,7 @@ class EventLoop:
         self.scheduler.advance_head(aborted, acknowledged, stored)
         # 3. plan
         plan = self.scheduler.next_execution_plan(allow_forward=step.allow_forward)
+        self.load_reporter.planned(plan.num_tokens)
         self.cache_ops.dispatched(plan)
         self._submit_storage(plan)
         self.output.finish_planned_aborts(plan.aborts)

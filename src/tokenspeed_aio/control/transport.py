@@ -7,6 +7,7 @@ rank) and over ZMQ (wire/zmq_transport.py). Both carry the same msgspec messages
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
 from typing import Protocol
@@ -14,6 +15,7 @@ from typing import Protocol
 import msgspec
 
 from tokenspeed_aio.wire.messages import (
+    ITERATION_TOKEN_BUCKETS,
     ControlReply,
     InboundMessage,
     Load,
@@ -39,12 +41,20 @@ class Transport(Protocol):
 class LoadReporter:
     """Sends the load with every output batch; a changed load even without outputs
     (a cancelled request ends without a token); an unchanged idle load at most once
-    a second, as a heartbeat the frontend tells a live engine from a stale one by."""
+    a second, as a heartbeat the frontend tells a live engine from a stale one by. It
+    also counts the planned rounds by their token count (the iteration histogram)."""
 
     def __init__(self, replica: int = 0) -> None:
         self.replica = replica
         self._last: Load | None = None
         self._last_sent = 0.0
+        self._buckets = [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
+
+    def planned(self, num_tokens: int) -> None:
+        """A round's plan forwards ``num_tokens`` (0: no batch, not a round the load's
+        counters count)."""
+        if num_tokens:
+            self._buckets[bisect.bisect_left(ITERATION_TOKEN_BUCKETS, num_tokens)] += 1
 
     def batch(
         self,
@@ -64,10 +74,13 @@ class LoadReporter:
             pd_in_flight=pd[0],
             pd_unclaimed_rooms=pd[1],
             pd_quarantined_pages=pd[2],
+            iteration_buckets=tuple(self._buckets),
         )
         now = time.monotonic()
         # The iteration counters move every forward; alone they are not news.
-        state = msgspec.structs.replace(load, forward_rounds=0, forward_tokens=0)
+        state = msgspec.structs.replace(
+            load, forward_rounds=0, forward_tokens=0, iteration_buckets=()
+        )
         if (
             not outputs
             and not replies

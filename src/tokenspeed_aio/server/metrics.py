@@ -12,11 +12,11 @@ import time
 from typing import ClassVar
 
 import psutil
-from aioprometheus import Counter, Gauge, Histogram, Registry, render
+from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
 
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.wire.messages import TransferRecord
+from tokenspeed_aio.wire.messages import ITERATION_TOKEN_BUCKETS, TransferRecord
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
@@ -116,9 +116,10 @@ class ServerMetrics:
         self.prefix_hits = counter(
             "prefix_cache_hits_total", "Prompt tokens served from the prefix cache."
         )
-        self.iterations = gauge("iterations_total", "Engine rounds that forwarded a batch.")
-        self.iteration_tokens = gauge(
-            "iteration_tokens_total", "Tokens those rounds forwarded (prefill and decode)."
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total",
+            "Tokens per engine round that forwarded a batch (prefill and decode).",
+            ITERATION_TOKEN_BUCKETS,
         )
         self.rank_rss = gauge(
             "engine_resident_memory_bytes", "Resident memory of the engine's rank processes."
@@ -173,10 +174,20 @@ class ServerMetrics:
         self.pd_in_flight.set(NO_LABELS, sum(x.pd_in_flight for x in loads))
         self.pd_unclaimed.set(NO_LABELS, sum(x.pd_unclaimed_rooms for x in loads))
         self.pd_quarantined.set(NO_LABELS, sum(x.pd_quarantined_pages for x in loads))
-        self.iterations.set(NO_LABELS, sum(x.forward_rounds for x in loads))
-        self.iteration_tokens.set(NO_LABELS, sum(x.forward_tokens for x in loads))
+        self._iteration_histogram(loads)
         self._process_metrics()
         return render(self.registry, accept)
+
+    def _iteration_histogram(self, loads) -> None:
+        """The replicas' round counts by bucket (each replica's since its start), summed."""
+        merged = histogram.Histogram(*ITERATION_TOKEN_BUCKETS)
+        below = 0
+        for i, bound in enumerate(merged.buckets):
+            below += sum(x.iteration_buckets[i] for x in loads if x.iteration_buckets)
+            merged.buckets[bound] = below  # cumulative, as Prometheus exposes them
+        merged.observations = sum(x.forward_rounds for x in loads)
+        merged.sum = float(sum(x.forward_tokens for x in loads))
+        self.iteration_tokens.set_value(NO_LABELS, merged)
 
     def _process_metrics(self) -> None:
         proc = self._process

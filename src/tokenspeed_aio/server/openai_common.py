@@ -77,7 +77,7 @@ def sampling_params(
     if req.stop is not None:
         fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
     if req.logit_bias:
-        fields["logit_bias"] = _logit_bias(req.logit_bias)
+        fields["logit_bias"] = parse_logit_bias(req.logit_bias, "logit_bias")
     if req.prompt_logprobs is not None:
         prompt_logprobs = req.prompt_logprobs
     try:
@@ -88,16 +88,15 @@ def sampling_params(
         raise renamed(exc, names or {}) from None
 
 
-def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
-    """OpenAI's {"token id": bias} with the ids as JSON object keys (strings)."""
+def parse_logit_bias(bias: dict[str, float], param: str) -> dict[int, float]:
+    """OpenAI's {"token id": bias} with the ids as JSON object keys (strings); ``param``
+    names the field in errors."""
     result = {}
     for key, value in bias.items():
         try:
             result[int(key)] = float(value)
         except ValueError:
-            raise ApiError(
-                400, f"logit_bias: keys are token ids, got {key!r}", param="logit_bias"
-            ) from None
+            raise ApiError(400, f"{param}: keys are token ids, got {key!r}", param=param) from None
     return result
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import time
 import uuid
 
+import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.errors import InvalidRequestError, RequestConflictError
 from tokenspeed_aio.protocol.sglang import (
+    NOT_IMPLEMENTED,
     AbortRequest,
     AbortResult,
     GenerateFinishReason,
@@ -27,7 +29,7 @@ from tokenspeed_aio.server.bootstrap import assign_bootstrap
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
-from tokenspeed_aio.server.openai_common import collect, renamed, sse_stream
+from tokenspeed_aio.server.openai_common import collect, parse_logit_bias, renamed, sse_stream
 from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
@@ -40,8 +42,24 @@ RENAMED = {
 }
 
 
-def to_sampling_params(sp: GenerateSamplingParams, req: GenerateRequest) -> SamplingParams:
+def refuse_not_implemented(obj: msgspec.Struct, where: str = "") -> None:
+    """ApiError(400) naming the first documented-but-not-implemented field ``obj`` sets
+    away from its default (``where``: the path of ``obj`` in the request)."""
+    for field in msgspec.structs.fields(obj):
+        why = NOT_IMPLEMENTED[type(obj)].get(field.name)
+        if why is not None and getattr(obj, field.name) != field.default:
+            name = f"{where}{field.name}"
+            raise ApiError(400, f"{name}: {why}", param=name)
+
+
+def to_sampling_params(
+    sp: GenerateSamplingParams, req: GenerateRequest, where: str
+) -> SamplingParams:
+    """``where``: the params' path in the request (``sampling_params.`` or, in a list of
+    them, ``sampling_params[i].``)."""
+    refuse_not_implemented(sp, where)
     stop = [sp.stop] if isinstance(sp.stop, str) else sp.stop
+    bias = parse_logit_bias(sp.logit_bias, f"{where}logit_bias") if sp.logit_bias else None
     try:
         return SamplingParams(
             n=sp.n,
@@ -64,9 +82,11 @@ def to_sampling_params(sp: GenerateSamplingParams, req: GenerateRequest) -> Samp
             json_schema=sp.json_schema,
             regex=sp.regex,
             ebnf=sp.ebnf,
+            structural_tag=sp.structural_tag,
+            logit_bias=bias,
         )
     except InvalidRequestError as exc:
-        names = {p: f"sampling_params.{RENAMED.get(p, p)}" for p in SAMPLING_FIELDS}
+        names = {p: f"{where}{RENAMED.get(p, p)}" for p in SAMPLING_FIELDS}
         names["logprobs"] = "top_logprobs_num"  # a top-level field in SGLang
         raise renamed(exc, names) from None
 
@@ -95,7 +115,8 @@ def plan(
     """The fan-out's id and its jobs: each prompt with its own sampling params and rid."""
     count = len(prompts)
     sps = req.sampling_params or GenerateSamplingParams()
-    sps = sps if isinstance(sps, list) else [sps] * count
+    listed = isinstance(sps, list)
+    sps = sps if listed else [sps] * count
     rids = req.rid if isinstance(req.rid, list) else None
     if req.rid == "" or (rids is not None and "" in rids):
         raise ApiError(400, "rid: a request id must be a non-empty string", param="rid")
@@ -105,7 +126,8 @@ def plan(
     jobs: list[Job] = []
     for p, (ids, sp) in enumerate(zip(prompts, sps)):
         rid = rids[p] if rids else request_id if count == 1 else f"{request_id}-{p}"
-        prompt_jobs = make_jobs(ctx.frontend, rid, [ids], to_sampling_params(sp, req))
+        where = f"sampling_params[{p}]." if listed else "sampling_params."
+        prompt_jobs = make_jobs(ctx.frontend, rid, [ids], to_sampling_params(sp, req, where))
         if len(prompt_jobs) == 1:
             prompt_jobs[0].rid = rid  # SGLang: the engine request is the rid given
         for job in prompt_jobs:
@@ -156,6 +178,7 @@ def sglang_router(ctx: ServerContext) -> APIRouter:
     async def generate(request: Request) -> Response:
         arrival = time.monotonic()
         req = await parse_body(request, GenerateRequest)
+        refuse_not_implemented(req)
         prompts, batch = await resolve(ctx, req)
         request_id, jobs = plan(ctx, req, prompts)
         assign_bootstrap(ctx.frontend, jobs, req, len(prompts))

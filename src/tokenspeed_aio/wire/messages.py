@@ -12,7 +12,7 @@ import msgspec
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.control import ControlCall, ControlReply
 
-WIRE_VERSION = 7
+WIRE_VERSION = 8
 
 
 # -- frontend -> engine -------------------------------------------------------
@@ -92,9 +92,14 @@ class CacheLoad(msgspec.Struct, array_like=True, frozen=True):
     l3_queue_depth: int = 0  # operations in the worst member's executor now
 
 
+# Upper bounds of the tokens-per-round histogram (vLLM's for vllm:iteration_tokens_total).
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
 class Load(msgspec.Struct, array_like=True, frozen=True):
     """The scheduler's load, sent with every output batch and as the idle heartbeat; the
-    JIT counts are the data plane's, filled in by the load reporter."""
+    JIT counts (the data plane's) and the iteration buckets are filled in by the load
+    reporter."""
 
     running: int
     waiting: int
@@ -110,6 +115,9 @@ class Load(msgspec.Struct, array_like=True, frozen=True):
     pd_quarantined_pages: int = 0
     forward_rounds: int = 0  # rounds that forwarded a batch, since start (cumulative)
     forward_tokens: int = 0  # tokens those rounds forwarded (prefill + decode, cumulative)
+    # Those rounds by their token count: one count per ITERATION_TOKEN_BUCKETS bound (a
+    # round counts in the first bound at or above its tokens) and one above the last.
+    iteration_buckets: tuple[int, ...] = ()
     num_preemptions: int = 0  # capacity retractions since start (imaged or recomputed)
     cache: CacheLoad | None = None  # None: the host tier is off
 
