@@ -34,9 +34,10 @@ import time
 import torch
 import torch.nn.functional as F
 from bench_kernels import copy_bandwidth, run_info
-from tokenspeed_kernels import decode_attention, fused_add_rms_norm, pdl, tuning
+from tokenspeed_kernels import fused_add_rms_norm, pdl, tuning
 from tokenspeed_kernels import skinny_gemm as sg
 from tokenspeed_kernels.activation import silu_and_mul
+from tokenspeed_kernels.decode_attention import decode_attention
 from triton.runtime.errors import OutOfResources
 
 ROWS, CONTEXT, PAGE, HEAD_DIM = 64, 1024, 16, 128

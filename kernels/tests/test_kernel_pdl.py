@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, gpu_test
-from tokenspeed_kernels import decode_attention, fused_add_rms_norm, pdl, rms_norm
+from tokenspeed_kernels import fused_add_rms_norm, pdl, rms_norm
 from tokenspeed_kernels.activation import silu_and_mul
+from tokenspeed_kernels.decode_attention import decode_attention
 from tokenspeed_kernels.gemv import gemv, norm_gemv
 from tokenspeed_kernels.gemv_rope_kv import norm_gemv_rope_kv
 from tokenspeed_kernels.sampling import greedy

@@ -3,7 +3,9 @@
 The kernels are exported lazily: importing the package (or its torch-only modules, such
 as ``noise``) does not import Triton, so a CPU-only process that runs no kernel never
 loads it -- Triton's nanobind extension otherwise reports its module-level objects as
-leaked at every interpreter exit.
+leaked at every interpreter exit. A kernel named like its module (``decode_attention``,
+``extend_attention``) is imported from the module: once any code imported the submodule,
+the package attribute of that name is the module, whatever a lazy export says.
 
 NOTE: on a host without CUDA the kernels run under Triton's interpreter. Triton reads
 ``TRITON_INTERPRET`` when a kernel is decorated, so it is set here, before the kernel modules
@@ -20,8 +22,6 @@ if not torch.cuda.is_available():
 
 _EXPORTS = {
     "apply_rotary": "rotary",
-    "decode_attention": "decode_attention",
-    "extend_attention": "extend_attention",
     "fused_add_rms_norm": "rmsnorm",
     "kv_write": "kv_write",
     "num_kv_splits_for": "decode_attention",
