@@ -4,11 +4,12 @@ Cache layout, one tensor per layer and per K/V::
 
     cache: [num_blocks, page_size, num_kv_heads, head_dim]   (head_dim contiguous)
 
-An FP8 (e4m3) cache holds each value divided by its head's scale; tiles are widened to fp16
-(exact: every e4m3 value is an fp16 value) and the products run in fp16 with the query and
-the probabilities converted once: e4m3 -> fp16 is one conversion instruction for two values on
-Hopper, where e4m3 -> bf16 goes through fp32. The scales are the callers': k's multiplies the
-scores (``scale_log2``), v's the output. A 16-bit cache's tiles are in the query's dtype.
+An FP8 (e4m3) cache holds each value divided by its head's scale. With a 16-bit query its
+tiles are widened to fp16 (exact: every e4m3 value is an fp16 value) and the products run in
+fp16, the query and the probabilities converted once: e4m3 -> fp16 is one conversion
+instruction for two values on Hopper, where e4m3 -> bf16 goes through fp32. With an fp32
+query they are widened to fp32. The scales are the callers': k's multiplies the scores
+(``scale_log2``), v's the output. A 16-bit cache's tiles are in the query's dtype.
 
 A row's token at absolute position ``n`` lives in block ``block_tables[row, n // page_size]``
 at offset ``n % page_size``. Tiles are gathered token by token, so any page size (1 included)
@@ -72,7 +73,7 @@ def attend_keys(
     holds at least one key each query sees, so the running max stays finite. An FP8 cache's
     k scale is in ``scale_log2``; its v scale multiplies the caller's output (module doc).
     """
-    if K_cache.dtype.element_ty == tl.float8e4nv:
+    if K_cache.dtype.element_ty == tl.float8e4nv and q.dtype != tl.float32:
         q = q.to(tl.float16)  # the tiles' dtype (module doc)
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
