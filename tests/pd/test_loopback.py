@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-import psutil
 import pytest
+from helpers.sockets import listening
 
 from pd.harness import start_engine, start_gateway, wait_engine
 from pd.workload import PROMPTS, completion
@@ -19,16 +19,6 @@ pytestmark = pytest.mark.timeout(300)
 
 LOOPBACK = ("127.0.0.1", "::1")
 VERBOSE = {"GLOG_minloglevel": "0"}  # Mooncake logs the port its TCP transport listens on
-
-
-def listening(engine) -> list[tuple[str, int, int]]:
-    """(address, port, pid) of every TCP socket the engine's processes listen on."""
-    found = []
-    for proc in engine.tree():
-        for conn in proc.net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN:
-                found.append((conn.laddr.ip, conn.laddr.port, proc.pid))
-    return found
 
 
 def mooncake_ports(engine) -> set[int]:
@@ -63,7 +53,7 @@ def test_a_pd_pair_listens_on_loopback_only(pair):
     assert completion(gateway.url, PROMPTS[1]).status_code == 200
     prefill = engines[0]
     for engine in engines:
-        sockets = listening(engine)
+        sockets = listening(engine.tree())
         mooncake = mooncake_ports(engine)
         assert len(mooncake) == 2, (engine.name, mooncake)
         others = [s for s in sockets if s[0] not in LOOPBACK]
@@ -74,5 +64,5 @@ def test_a_pd_pair_listens_on_loopback_only(pair):
             f"reliability: {engine.name} listens on {len(ours)} loopback sockets; "
             f"Mooncake's {sorted(mooncake)} on {sorted({ip for ip, *_ in others})}"
         )
-    bootstrap = [s for s in listening(prefill) if s[1] == prefill.bootstrap_port]
+    bootstrap = [s for s in listening(prefill.tree()) if s[1] == prefill.bootstrap_port]
     assert bootstrap and all(ip == "127.0.0.1" for ip, _, _ in bootstrap), bootstrap

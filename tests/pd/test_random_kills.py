@@ -115,27 +115,26 @@ def check(result: Killed, name: str) -> None:
     )
 
 
-def test_prefill_engine_sigkilled_at_a_random_point(deployment):
-    victim, survivor = deployment.engines["P-kill"], deployment.engines["D1"]
-    gateway = start_gateway(deployment.logs, "gw-p-kill", prefill=[victim], decode=[survivor])
-    try:
-        result = kill_under_mixed_load(gateway, victim, survivor, seed=71)
-    finally:
-        gateway.stop()
-    check(result, "prefill engine")
-    # the decode engine serves on with the other prefill engine
-    assert completion(deployment.gateways["1p1d"].url, PROMPTS[0]).status_code == 200
-    wait_clean([survivor])
+# (role killed, the victim, the survivor, the load's seed): the survivor serves on with the
+# deployment's other engine of the victim's role.
+KILLS = [
+    ("prefill", "P-kill", "D1", 71),
+    ("decode", "D-kill", "P1", 72),
+]
 
 
-def test_decode_engine_sigkilled_at_a_random_point(deployment):
-    victim, survivor = deployment.engines["D-kill"], deployment.engines["P1"]
-    gateway = start_gateway(deployment.logs, "gw-d-kill", prefill=[survivor], decode=[victim])
+@pytest.mark.parametrize(
+    ("role", "victim_name", "survivor_name", "seed"), KILLS, ids=["prefill", "decode"]
+)
+def test_an_engine_sigkilled_at_a_random_point(deployment, role, victim_name, survivor_name, seed):
+    victim, survivor = deployment.engines[victim_name], deployment.engines[survivor_name]
+    roles = {"prefill": [victim], "decode": [survivor]} if role == "prefill" else {
+        "prefill": [survivor], "decode": [victim]}  # fmt: skip
+    gateway = start_gateway(deployment.logs, f"gw-{victim_name.lower()}", **roles)
     try:
-        result = kill_under_mixed_load(gateway, victim, survivor, seed=72)
+        result = kill_under_mixed_load(gateway, victim, survivor, seed=seed)
     finally:
         gateway.stop()
-    check(result, "decode engine")
-    # the prefill engine serves on with the other decode engine
+    check(result, f"{role} engine")
     assert completion(deployment.gateways["1p1d"].url, PROMPTS[0]).status_code == 200
     wait_clean([survivor])

@@ -11,8 +11,8 @@ import asyncio
 import json
 
 import httpx
-import psutil
 import pytest
+from helpers.sockets import listening
 
 from reliability.harness import API_KEY, GREEDY, run_server
 
@@ -31,18 +31,8 @@ def server(reliability_checkpoint, tmp_path_factory):
         yield s
 
 
-def listening(server) -> list[tuple[str, int, int]]:
-    """(address, port, pid) of every TCP socket the server's processes listen on."""
-    found = []
-    for proc in server.processes():
-        for conn in proc.net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN:
-                found.append((conn.laddr.ip, conn.laddr.port, proc.pid))
-    return found
-
-
 def test_serve_listens_on_loopback_only_by_default(server):
-    sockets = listening(server)
+    sockets = listening(server.processes())
     assert (("127.0.0.1", server.port)) in {(ip, port) for ip, port, _ in sockets}, sockets
     assert all(ip in ("127.0.0.1", "::1") for ip, _, _ in sockets), sockets
 
@@ -137,7 +127,7 @@ def test_tp2_ranks_listen_on_loopback_only(reliability_checkpoint, tmp_path):
             timeout=60,
         )
         assert r.status_code == 200, r.text
-        sockets = listening(tp2)
+        sockets = listening(tp2.processes())
     assert len({pid for _, _, pid in sockets}) >= 2, sockets  # the ranks listen too
     assert all(ip in ("127.0.0.1", "::1") for ip, _, _ in sockets), sockets
     print(f"reliability: tp2 listening sockets {len(sockets)}, all loopback")
