@@ -48,11 +48,10 @@ Every launch is a programmatic dependent launch where the GPU has one (``pdl.py`
 product's programs may be resident while the kernel before it in the stream finishes. Each
 program loads its first weight tile before ``pdl.wait_prior`` -- no kernel writes a weight --
 and everything else after it, so one product's first weight reads overlap the tail of the
-product before it; the two-pass prologue of a 16-bit weight, whose first loop reads h,
-waits first. An FP8 product keeps its first tile across its prologue loops (the norm's
-and the activation's amax, both read from L2): an e4m3 tile is half a 16-bit one's
-registers, and without it the weight stream would start only after both. On the H200
-that took ~0.06 ms off a batch-1 Qwen3-8B or Llama-3-8B decode step (docs/performance.md).
+product before it (a 16-bit weight's two-pass prologue, whose first loop reads h, waits
+first; an FP8 product, whose e4m3 tile costs half the registers, holds it across its
+norm and amax loops). On the H200 that took ~0.06 ms off a batch-1 Qwen3-8B or Llama-3-8B
+decode step (docs/performance.md).
 Tiles that divide the weight (``EVEN``) load unmasked: masked, the tile held across the wait
 cost registers (Qwen3's gate_up with its norm, 168 -> 254 per thread), and with them a
 program per SM, which lost more than the overlap won.
@@ -161,8 +160,7 @@ def products(
 ):  # fmt: skip
     """fp32 ``x . W[rows] + bias[rows]`` (x: the normed h with NORM, module doc), and the same
     for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h. Only the weight, which
-    no kernel writes, is read before ``pdl.wait_prior``: the first tile, except with the
-    two-pass prologue of a 16-bit weight, whose first loop reads h (module doc). FP8 (module doc): 0 a 16-bit
+    no kernel writes, is read before ``pdl.wait_prior``: the first tile (module doc). FP8 (module doc): 0 a 16-bit
     weight; 1 e4m3 with a scale per row of ``W_scale``, x quantized by its amax (a prologue
     loop) or by the static ``X_scale``; 2 e4m3 with 128 x 128 block scales ``W_scale``
     (row stride ``stride_ws``), x quantized per 128-group."""

@@ -171,20 +171,20 @@ class WeightUpdater:
         self._check((name, shape) for name, _, shape in specs)
         where = self.device if group.backend == "nccl" else torch.device("cpu")
         received = []
-        with allow_host_sync():  # the broadcast waits for the trainer
-            for i, (name, dtype, shape) in enumerate(specs):
-                tensor = torch.empty(shape, dtype=dtype, device=where)
-                try:
-                    group.broadcast(tensor)
-                except RuntimeError as err:  # the trainer died, or hung past the timeout
-                    logger.warning("weight broadcast failed at %s: %s", name, err)
-                    raise ValueError(
-                        f"{BROADCAST_FAILED} at tensor {i + 1} of {len(specs)} ({name}) of "
-                        f"group {update.group_name!r} (each broadcast waits at most "
-                        f"{group.timeout_seconds:g} s): {err}; nothing was loaded, the "
-                        "weights in use are unchanged; destroy the group and init a new one"
-                    ) from err
-                received.append((name, tensor))
+        # the broadcast waits for the trainer (stage allows host syncs)
+        for i, (name, dtype, shape) in enumerate(specs):
+            tensor = torch.empty(shape, dtype=dtype, device=where)
+            try:
+                group.broadcast(tensor)
+            except RuntimeError as err:  # the trainer died, or hung past the timeout
+                logger.warning("weight broadcast failed at %s: %s", name, err)
+                raise ValueError(
+                    f"{BROADCAST_FAILED} at tensor {i + 1} of {len(specs)} ({name}) of "
+                    f"group {update.group_name!r} (each broadcast waits at most "
+                    f"{group.timeout_seconds:g} s): {err}; nothing was loaded, the "
+                    "weights in use are unchanged; destroy the group and init a new one"
+                ) from err
+            received.append((name, tensor))
         return lambda: iter(received)
 
     def _check(self, shapes: Iterable[tuple[str, tuple[int, ...]]]) -> None:

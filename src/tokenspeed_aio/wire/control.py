@@ -105,7 +105,7 @@ class StartProfile(msgspec.Struct, tag=True, kw_only=True):
 
 
 class StopProfile(msgspec.Struct, tag=True, kw_only=True):
-    pass
+    """Stop the running profile and write its trace (the operation carries no field)."""
 
 
 ControlOp = (
