@@ -25,6 +25,9 @@ from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import Bootstrap
 
 DEFAULT_MAX_BACKLOG = 512  # undelivered outputs per choice before a stream is cut off
+# Choices started per event-loop turn: a fan-out of thousands starts in slices, so a
+# request arriving meanwhile is read, admitted and submitted between two slices.
+START_SLICE = 64
 
 
 class StreamBacklogError(ApiError):
@@ -106,15 +109,16 @@ class Fanout:
         self._tasks: dict[str, asyncio.Task] = {}
         self._aborted: set[str] = set()
         self._ended: set[str] = set()  # choices whose final output (or error) is queued
+        self._queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException] = asyncio.Queue()
+        self._unstarted = 0  # jobs[_unstarted:] have no task yet
 
     async def outputs(self) -> AsyncGenerator[tuple[Job, RequestOutput], None]:
         """(job, output) in arrival order until every choice finished. An engine error
         of any choice is raised here (the other choices are aborted)."""
-        queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException] = asyncio.Queue()
+        queue = self._queue
         self.registry.add(self)  # first: a request racing us for an id is refused here
-        for job in self.jobs:
-            task = self._tasks[job.rid] = asyncio.create_task(self._run(job, queue), name=job.rid)
-            task.add_done_callback(functools.partial(self._settled, job, queue))
+        self._start_slice()
+        starter = asyncio.create_task(self._start_rest(), name=f"{self.request_id}-start")
         remaining = len(self.jobs)
         try:
             while remaining:
@@ -126,9 +130,28 @@ class Fanout:
                 yield item
         finally:
             self.registry.remove(self)
+            starter.cancel()
             for task in self._tasks.values():
                 task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(starter, *self._tasks.values(), return_exceptions=True)
+
+    def _start_slice(self) -> None:
+        """Start the next START_SLICE choices; a choice aborted before its start ends
+        at once with an abort output (it never reaches the engine)."""
+        end = min(self._unstarted + START_SLICE, len(self.jobs))
+        for job in self.jobs[self._unstarted : end]:
+            if job.rid in self._aborted:
+                continue  # abort() queued its final output
+            task = self._tasks[job.rid] = asyncio.create_task(
+                self._run(job, self._queue), name=job.rid
+            )
+            task.add_done_callback(functools.partial(self._settled, job, self._queue))
+        self._unstarted = end
+
+    async def _start_rest(self) -> None:
+        while self._unstarted < len(self.jobs):
+            await asyncio.sleep(0)  # one event-loop turn: other requests' I/O runs
+            self._start_slice()
 
     def abort(self, rid: str | None = None) -> list[str]:
         """End one choice (its engine rid) or all; returns the rids still running."""
@@ -136,6 +159,12 @@ class Fanout:
         for r in running:
             self._aborted.add(r)
             self._tasks[r].cancel()
+        for job in self.jobs[self._unstarted :]:
+            if (rid is None or job.rid == rid) and job.rid not in self._aborted:
+                self._aborted.add(job.rid)
+                self._ended.add(job.rid)
+                self._queue.put_nowait((job, _aborted(job.rid, None)))
+                running.append(job.rid)
         return running
 
     def _overflow(self, queue: asyncio.Queue) -> None:
@@ -143,6 +172,7 @@ class Fanout:
         choice, and leave it the error."""
         while queue.qsize():
             queue.get_nowait()
+        self._unstarted = len(self.jobs)  # the rest never start
         self._ended.update(self._tasks)
         queue.put_nowait(
             StreamBacklogError(
