@@ -8,6 +8,7 @@ from tokenspeed_aio.wire.messages import HandshakeMessage, InboundMessage, Outpu
 
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
-decode_inbound = msgspec.msgpack.Decoder(InboundMessage).decode
+# The frontend sends the messages of one event-loop turn as one frame.
+decode_inbound = msgspec.msgpack.Decoder(list[InboundMessage]).decode
 decode_outbound = msgspec.msgpack.Decoder(OutputBatch).decode
 decode_handshake = msgspec.msgpack.Decoder(HandshakeMessage).decode

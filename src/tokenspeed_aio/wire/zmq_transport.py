@@ -71,8 +71,9 @@ class ZmqTransport:
         return self._drain()
 
     def _drain(self) -> list[InboundMessage]:
-        """Everything already queued, without waiting (a NOBLOCK recv resolves at once)."""
-        messages = []
+        """Everything already queued, without waiting (a NOBLOCK recv resolves at once);
+        a frame carries the messages of one event-loop turn of the frontend."""
+        messages: list[InboundMessage] = []
         while True:
             fut = self._input.recv(zmq.NOBLOCK)
             error = fut.exception()
@@ -80,7 +81,7 @@ class ZmqTransport:
                 return messages
             if error is not None:
                 raise error
-            messages.append(decode_inbound(fut.result()))
+            messages += decode_inbound(fut.result())
 
     def _check_frontend(self) -> None:
         if os.getppid() != self._parent:
