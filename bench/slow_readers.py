@@ -4,9 +4,12 @@ as many tokens as the context allows) and start another when one ends, for a whi
 the frontend's RSS is sampled every second, then measured again 15 s after they left.
 Each phase is READERS:SECONDS[:BACKLOG] on a fresh server: BACKLOG is
 --max-stream-backlog (default: the server's default; a huge value is the baseline,
-what the frontend held before the bound).
+what the frontend held before the bound). ``--logprobs K`` asks for K alternatives per
+token (a larger chunk per token: the output rate in bytes); ``--serve-arg`` passes a
+flag to ``serve`` (a float32 model, whose CPU forward is faster than bfloat16's).
 
-    python bench/slow_readers.py --phase 50:120 --phase 3:120 --phase 3:120:100000000
+    python bench/slow_readers.py --phase 50:120 --phase 3:120 --phase 3:120:100000000 \
+        --logprobs 5 --serve-arg=--dtype=float32
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ async def phase(port: int, pid: int, readers: int, seconds: float, body: bytes) 
     }
 
 
-def measure(readers: int, seconds: float, extra: list[str]) -> dict:
+def measure(readers: int, seconds: float, extra: list[str], logprobs: int | None) -> dict:
     port = free_port()
     server = start_server(port, extra)
     try:
@@ -135,6 +138,7 @@ def measure(readers: int, seconds: float, extra: list[str]) -> dict:
                 "stream": True,
                 "temperature": 0,
                 "ignore_eos": True,
+                "logprobs": logprobs,
             }
         ).encode()
         for _ in range(3):  # warm-up: the baseline is a server that has served
@@ -144,7 +148,7 @@ def measure(readers: int, seconds: float, extra: list[str]) -> dict:
                 timeout=60,
             )
         result = asyncio.run(phase(port, server.pid, readers, seconds, body))
-        return {"flags": extra, "max_tokens": max_tokens, **result}
+        return {"flags": extra, "max_tokens": max_tokens, "logprobs": logprobs, **result}
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
@@ -153,13 +157,15 @@ def measure(readers: int, seconds: float, extra: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--phase", action="append", default=None, help="READERS:SECONDS[:BACKLOG]")
+    ap.add_argument("--logprobs", type=int, default=None, help="alternatives per token")
+    ap.add_argument("--serve-arg", action="append", default=[], help="a flag for serve")
     ap.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     args = ap.parse_args()
     phases = []
     for spec in args.phase or ["50:120", "3:120", "3:120:100000000"]:
         readers, seconds, *backlog = spec.split(":")
-        extra = [f"--max-stream-backlog={backlog[0]}"] if backlog else []
-        phases.append(measure(int(readers), float(seconds), extra))
+        extra = [*args.serve_arg, *([f"--max-stream-backlog={backlog[0]}"] if backlog else [])]
+        phases.append(measure(int(readers), float(seconds), extra, args.logprobs))
         print(json.dumps(phases[-1]), flush=True)
     out = args.out or default_out_path("slow-readers-cpu")
     out.parent.mkdir(parents=True, exist_ok=True)
