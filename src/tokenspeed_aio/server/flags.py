@@ -89,7 +89,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         "--max-stream-backlog",
         type=int,
         default=512,
-        help="outputs per choice a streaming client may fall behind before its request is "
+        help="tokens per choice a streaming client may fall behind before its request is "
         "aborted with an error event",
     )
     add(

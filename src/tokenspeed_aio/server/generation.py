@@ -24,7 +24,7 @@ from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import Bootstrap
 
-DEFAULT_MAX_BACKLOG = 512  # undelivered outputs per choice before a stream is cut off
+DEFAULT_MAX_BACKLOG = 512  # undelivered tokens per choice before a stream is cut off
 # Choices started per event-loop turn: a fan-out of thousands starts in slices, so a
 # request arriving meanwhile is read, admitted and submitted between two slices.
 START_SLICE = 64
@@ -85,10 +85,13 @@ class Fanout:
     """An HTTP request's running choices. Iterate ``outputs()`` once; ``abort()`` ends
     choices early with finish_reason "abort" (POST /abort_request).
 
-    Backpressure: the outputs not yet taken by the consumer (the response writer, which
-    waits while its client does not read) are bounded by ``max_backlog`` per choice.
-    Past the bound the held outputs are dropped, every choice is aborted (freeing its
-    KV blocks), and the consumer's next item is a StreamBacklogError."""
+    Backpressure: a choice's outputs not yet taken by the consumer (the response writer,
+    which waits while its client does not read) merge into one, the newest, carrying
+    every delta since the consumer last took one: what is held for a slow client is one
+    output per choice, not one per token (each output carries the tokens so far). Past
+    ``max_backlog`` undelivered tokens in a choice the held outputs are dropped, every
+    choice is aborted (freeing its KV blocks), and the consumer's next item is a
+    StreamBacklogError."""
 
     def __init__(
         self,
@@ -104,12 +107,13 @@ class Fanout:
         self.registry = registry
         self.request_id = request_id
         self.jobs = jobs
-        self.backlog_limit = max_backlog * len(jobs)
         self.max_backlog = max_backlog
         self._tasks: dict[str, asyncio.Task] = {}
         self._aborted: set[str] = set()
         self._ended: set[str] = set()  # choices whose final output (or error) is queued
-        self._queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException] = asyncio.Queue()
+        # The choices with an output to take, in the order their first such output came.
+        self._queue: asyncio.Queue[Job | BaseException] = asyncio.Queue()
+        self._held: dict[str, RequestOutput] = {}  # by rid: the output to take (queued)
         self._unstarted = 0  # jobs[_unstarted:] have no task yet
 
     async def outputs(self) -> AsyncGenerator[tuple[Job, RequestOutput], None]:
@@ -122,12 +126,13 @@ class Fanout:
         remaining = len(self.jobs)
         try:
             while remaining:
-                item = queue.get_nowait() if queue.qsize() else await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item[1].finished:
+                job = queue.get_nowait() if queue.qsize() else await queue.get()
+                if isinstance(job, BaseException):
+                    raise job
+                out = self._held.pop(job.rid)
+                if out.finished:
                     remaining -= 1
-                yield item
+                yield job, out
         finally:
             self.registry.remove(self)
             starter.cancel()
@@ -142,10 +147,8 @@ class Fanout:
         for job in self.jobs[self._unstarted : end]:
             if job.rid in self._aborted:
                 continue  # abort() queued its final output
-            task = self._tasks[job.rid] = asyncio.create_task(
-                self._run(job, self._queue), name=job.rid
-            )
-            task.add_done_callback(functools.partial(self._settled, job, self._queue))
+            task = self._tasks[job.rid] = asyncio.create_task(self._run(job), name=job.rid)
+            task.add_done_callback(functools.partial(self._settled, job))
         self._unstarted = end
 
     async def _start_rest(self) -> None:
@@ -163,21 +166,35 @@ class Fanout:
             if (rid is None or job.rid == rid) and job.rid not in self._aborted:
                 self._aborted.add(job.rid)
                 self._ended.add(job.rid)
-                self._queue.put_nowait((job, _aborted(job.rid, None)))
+                self._offer(job, _aborted(job.rid, None))
                 running.append(job.rid)
         return running
 
-    def _overflow(self, queue: asyncio.Queue) -> None:
+    def _offer(self, job: Job, out: RequestOutput) -> bool:
+        """Queue ``out`` for the consumer, merged into the choice's output still waiting
+        there; False when the choice's undelivered tokens passed the bound."""
+        held = self._held.get(job.rid)
+        self._held[job.rid] = out
+        if held is None:
+            self._queue.put_nowait(job)
+            return True
+        out.delta_text = held.delta_text + out.delta_text
+        out.delta_token_ids = held.delta_token_ids + out.delta_token_ids
+        return len(out.delta_token_ids) <= self.max_backlog
+
+    def _overflow(self) -> None:
         """The consumer fell too far behind: drop what it has not taken, abort every
         choice, and leave it the error."""
+        queue = self._queue
         while queue.qsize():
             queue.get_nowait()
+        self._held.clear()
         self._unstarted = len(self.jobs)  # the rest never start
         self._ended.update(self._tasks)
         queue.put_nowait(
             StreamBacklogError(
                 f"the client read the stream too slowly: more than {self.max_backlog} "
-                f"outputs per choice were waiting to be sent (--max-stream-backlog); "
+                f"tokens of one choice were waiting to be sent (--max-stream-backlog); "
                 "the request was aborted"
             )
         )
@@ -185,16 +202,14 @@ class Fanout:
             if task is not asyncio.current_task():
                 task.cancel()
 
-    def _settled(self, job: Job, queue: asyncio.Queue, task: asyncio.Task) -> None:
+    def _settled(self, job: Job, task: asyncio.Task) -> None:
         """A choice aborted before its task ever ran ends here: a task cancelled before
         its first step runs none of its code, so _run never queued its final output."""
         if job.rid not in self._ended and job.rid in self._aborted:
             self._ended.add(job.rid)
-            queue.put_nowait((job, _aborted(job.rid, None)))
+            self._offer(job, _aborted(job.rid, None))
 
-    async def _run(
-        self, job: Job, queue: asyncio.Queue[tuple[Job, RequestOutput] | BaseException]
-    ) -> None:
+    async def _run(self, job: Job) -> None:
         stats = self.metrics.sequence(len(job.prompt_ids))
         last: RequestOutput | None = None
         reason = "abort"  # unless the engine says otherwise
@@ -213,20 +228,19 @@ class Fanout:
                     if out.finished:
                         reason = out.finish_reason or "stop"
                         self._ended.add(job.rid)
-                    queue.put_nowait((job, out))
-                    if queue.qsize() > self.backlog_limit:
-                        self._overflow(queue)
+                    if not self._offer(job, out):
+                        self._overflow()
                         return  # closing the stream aborts this choice
         except asyncio.CancelledError:
             if job.rid not in self._aborted:
                 raise
             if last is None or not last.finished:  # it may have ended as the abort came
                 self._ended.add(job.rid)
-                queue.put_nowait((job, _aborted(job.rid, last)))
+                self._offer(job, _aborted(job.rid, last))
         except Exception as exc:
             reason = "error"
             self._ended.add(job.rid)
-            queue.put_nowait(exc)
+            self._queue.put_nowait(exc)
         finally:
             stats.finish(reason)
 

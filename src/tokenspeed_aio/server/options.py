@@ -33,7 +33,7 @@ class ServerOptions:
     header_timeout_seconds: float = 10.0  # a request head not received within this: 408
     keep_alive_seconds: float = 5.0  # an idle keep-alive connection is closed after this
     max_connections: int = 4096  # open connections; one more is answered 503
-    max_stream_backlog: int = 512  # undelivered outputs per choice before a stream is cut
+    max_stream_backlog: int = 512  # undelivered tokens per choice before a stream is cut
     max_sequences_per_request: int = 1024  # prompts x n (400 beyond)
     max_waiting_sequences: int = 16384  # sequences admitted and not finished (429 beyond)
     shutdown_timeout_seconds: float = 30.0  # running requests' time to finish at a stop

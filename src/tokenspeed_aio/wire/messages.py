@@ -12,7 +12,7 @@ import msgspec
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.control import ControlCall, ControlReply
 
-WIRE_VERSION = 8
+WIRE_VERSION = 9
 
 
 # -- frontend -> engine -------------------------------------------------------
