@@ -141,12 +141,13 @@ def measure(readers: int, seconds: float, extra: list[str], logprobs: int | None
                 "logprobs": logprobs,
             }
         ).encode()
-        for _ in range(3):  # warm-up: the baseline is a server that has served
-            httpx.post(
-                f"http://127.0.0.1:{port}/v1/completions",
-                json={"prompt": "warm", "max_tokens": 8},
-                timeout=60,
-            )
+        # Warm-up: the baseline is a server that has served a stream of this shape, read
+        # at full speed (its first-use allocations are not the slow readers' doing).
+        warm = {**json.loads(body), "max_tokens": 256}
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        with httpx.stream("POST", url, json=warm, timeout=300) as resp:
+            for _ in resp.iter_bytes():
+                continue
         result = asyncio.run(phase(port, server.pid, readers, seconds, body))
         return {"flags": extra, "max_tokens": max_tokens, "logprobs": logprobs, **result}
     finally:
