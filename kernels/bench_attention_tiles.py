@@ -1,0 +1,102 @@
+"""Decode attention's tiles by cache dtype: every (keys per tile, warps, stages) and split
+count, Llama-3-8B shapes, at the batch sizes and contexts of the fixed-1k runs.
+
+    python kernels/bench_attention_tiles.py --json OUT.json
+
+Each case is replayed from a CUDA graph (``triton.testing.do_bench_cudagraph``); bandwidth
+counts the K and V bytes every row's context holds, against a device-to-device copy measured
+in the same run. The fastest entry per case says what ``decode_attention.TILES`` should hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import torch
+import triton
+import triton.testing
+from bench_kernels import (
+    HEAD_DIM,
+    MAX_MODEL_LEN,
+    NUM_KV_HEADS,
+    copy_bandwidth,
+    paged_batch,
+    run_info,
+)
+from tokenspeed_kernels.decode_attention import TILES, decode_attention, num_kv_splits_for
+
+CASES = ((1, 1536), (64, 1024), (64, 1536), (512, 1536))
+BLOCK_NS, WARPS, STAGES = (64, 128), (4, 8), (1, 2, 3)
+
+
+def bench_case(batch: int, context: int, fp8: bool, num_sms: int) -> dict:
+    q, k_cache, v_cache, block_tables, seq_lens = paged_batch(batch, context)
+    scales = None
+    if fp8:
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+        ones = torch.ones(NUM_KV_HEADS, dtype=torch.float32, device="cuda")
+        scales = (ones, ones)
+    out = torch.empty_like(q)
+    counters = torch.zeros(batch * NUM_KV_HEADS, dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
+    chosen = num_kv_splits_for(batch, NUM_KV_HEADS, MAX_MODEL_LEN, num_sms)
+
+    def run(tiles: tuple[int, int, int], splits: int) -> float:
+        def fn():
+            decode_attention(
+                q, k_cache, v_cache, block_tables, seq_lens, HEAD_DIM**-0.5, splits, out=out,
+                counters=counters, kv_scales=scales, tiles=tiles,
+            )  # fmt: skip
+
+        fn()  # compile outside the timing
+        return triton.testing.do_bench_cudagraph(fn) * 1e3
+
+    sweep = {}
+    for tiles in itertools.product(BLOCK_NS, WARPS, STAGES):
+        for splits in sorted({chosen, min(2 * chosen, 32), min(4 * chosen, 32)}):
+            sweep[f"{tiles[0]}x{tiles[1]}x{tiles[2]}/{splits}"] = run(tiles, splits)
+    default = f"{'x'.join(map(str, TILES[k_cache.element_size()]))}/{chosen}"
+    best = min(sweep, key=sweep.get)
+    return {
+        "kv": "fp8" if fp8 else "bf16",
+        "batch": batch,
+        "context": context,
+        "kv_bytes": kv_bytes,
+        "default": default,
+        "default_us": round(sweep[default], 2),
+        "default_tb_per_s": kv_bytes / sweep[default] / 1e6,
+        "best": best,
+        "best_us": round(sweep[best], 2),
+        "best_tb_per_s": kv_bytes / sweep[best] / 1e6,
+        "sweep_us": {k: round(v, 2) for k, v in sweep.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention_tiles.py needs a CUDA device")
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    copy = copy_bandwidth()
+    results = []
+    for fp8, (batch, context) in itertools.product((False, True), CASES):
+        r = bench_case(batch, context, fp8, num_sms)
+        results.append(r)
+        print(
+            f"{r['kv']:>4} B={batch:<4} ctx={context:<5} default {r['default']:<12} "
+            f"{r['default_us']:>8.1f} us {r['default_tb_per_s']:5.2f} TB/s | best {r['best']:<12} "
+            f"{r['best_us']:>8.1f} us {r['best_tb_per_s']:5.2f} TB/s",
+            flush=True,
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**run_info(copy), "decode": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
