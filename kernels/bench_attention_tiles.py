@@ -32,7 +32,9 @@ CASES = ((1, 1536), (64, 1024), (64, 1536), (512, 1536))
 BLOCK_NS, WARPS, STAGES = (64, 128), (4, 8), (1, 2, 3)
 
 
-def bench_case(batch: int, context: int, fp8: bool, num_sms: int) -> dict:
+def bench_case(
+    batch: int, context: int, fp8: bool, num_sms: int, only: list[tuple[int, int, int]] | None
+) -> dict:
     q, k_cache, v_cache, block_tables, seq_lens = paged_batch(batch, context)
     scales = None
     if fp8:
@@ -55,10 +57,11 @@ def bench_case(batch: int, context: int, fp8: bool, num_sms: int) -> dict:
         return triton.testing.do_bench_cudagraph(fn) * 1e3
 
     sweep = {}
-    for tiles in itertools.product(BLOCK_NS, WARPS, STAGES):
+    default = TILES[k_cache.element_size()]
+    for tiles in only or [default, *itertools.product(BLOCK_NS, WARPS, STAGES)]:
         for splits in sorted({chosen, min(2 * chosen, 32), min(4 * chosen, 32)}):
             sweep[f"{tiles[0]}x{tiles[1]}x{tiles[2]}/{splits}"] = run(tiles, splits)
-    default = f"{'x'.join(map(str, TILES[k_cache.element_size()]))}/{chosen}"
+    default = f"{'x'.join(map(str, only[0] if only else default))}/{chosen}"
     best = min(sweep, key=sweep.get)
     return {
         "kv": "fp8" if fp8 else "bf16",
@@ -77,15 +80,21 @@ def bench_case(batch: int, context: int, fp8: bool, num_sms: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", help="also write the results here (after every case)")
+    parser.add_argument("--kv", choices=("bf16", "fp8"), help="only this cache dtype")
+    parser.add_argument("--case", help="only BATCH:CONTEXT")
+    parser.add_argument("--tiles", help="only KEYSxWARPSxSTAGES")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention_tiles.py needs a CUDA device")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     copy = copy_bandwidth()
     results = []
-    for fp8, (batch, context) in itertools.product((False, True), CASES):
-        r = bench_case(batch, context, fp8, num_sms)
+    cases = [tuple(map(int, args.case.split(":")))] if args.case else CASES
+    tiles = [tuple(map(int, args.tiles.split("x")))] if args.tiles else None
+    kvs = (args.kv == "fp8",) if args.kv else (False, True)
+    for fp8, (batch, context) in itertools.product(kvs, cases):
+        r = bench_case(batch, context, fp8, num_sms, tiles)
         results.append(r)
         print(
             f"{r['kv']:>4} B={batch:<4} ctx={context:<5} default {r['default']:<12} "
@@ -93,9 +102,9 @@ def main() -> None:
             f"{r['best_us']:>8.1f} us {r['best_tb_per_s']:5.2f} TB/s",
             flush=True,
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**run_info(copy), "decode": results}, f, indent=1)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**run_info(copy), "decode": results}, f, indent=1)
 
 
 if __name__ == "__main__":

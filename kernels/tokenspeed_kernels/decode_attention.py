@@ -82,7 +82,7 @@ from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_he
 # (keys per tile, warps, pipeline stages) by the cache's bytes per value. The loop over a
 # split's keys is latency-bound: a tile's gather, widening and two small products run back
 # to back, so what one tile holds in flight sets the bandwidth (kernels/bench_attention_tiles.py).
-TILES = {1: (64, 4, 2), 2: (64, 4, 2), 4: (64, 4, 2)}
+TILES = {1: (128, 4, 2), 2: (64, 4, 2), 4: (64, 4, 2)}
 MAX_KV_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, merge) than it saves
 _LOG2E = 1.4426950408889634
