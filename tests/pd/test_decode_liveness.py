@@ -1,5 +1,5 @@
-"""How a prefill engine learns that a decode rank is gone, against the suite's prefill
-engine P1 with the decode rank played over the real control protocol (TCP, the
+"""How a prefill engine learns that a decode rank is gone, against the suite's spare
+prefill engine P2 with the decode rank played over the real control protocol (TCP, the
 project's frames), so the test chooses when it goes silent or hangs up: a room a decode
 rank held fails once its connection drops, or once its heartbeat lapses while the
 connection stays open; pings keep a held room waiting; after such a loss a room no
@@ -84,7 +84,7 @@ def failed_within(response, since: float, low: float, high: float, words: str) -
 
 
 def test_a_held_room_fails_when_the_decode_rank_hangs_up(deployment):
-    prefill = deployment.engines["P1"]
+    prefill = deployment.engines["P2"]
     room = random.getrandbits(62)
 
     async def run() -> None:
@@ -114,7 +114,7 @@ def test_a_held_room_fails_when_the_decode_rank_hangs_up(deployment):
 
 
 def test_a_held_room_fails_when_the_decode_ranks_heartbeat_lapses(deployment):
-    prefill = deployment.engines["P1"]
+    prefill = deployment.engines["P2"]
     room = random.getrandbits(62)
 
     async def run() -> None:
@@ -142,7 +142,7 @@ def test_a_held_room_fails_when_the_decode_ranks_heartbeat_lapses(deployment):
 
 def test_a_decode_rank_of_another_protocol_version_is_refused(deployment):
     async def run() -> str | None:
-        async with DecodeRank(deployment.engines["P1"], version=0) as decode:
+        async with DecodeRank(deployment.engines["P2"], version=0) as decode:
             assert decode.welcome.version == CONTROL_VERSION
             return decode.welcome.error
 
