@@ -313,12 +313,14 @@ class PrefillPeer(PeerLoop):
                     )
                     conn.reason = f"no heartbeat for {HEARTBEAT_LAPSE_SECONDS:g} s"
                     return
-                if isinstance(msg, (Hold, Claim, Ping)):
-                    conn.serving = True
-                if isinstance(msg, (Hold, Claim)) and problem is None:
-                    self._on_hold(conn, msg.room, msg.pages if isinstance(msg, Claim) else None)
-                elif isinstance(msg, Cancel):  # taken even from a rank it refused
+                if isinstance(msg, Cancel):  # taken even from a rank it refused
                     self._on_cancel(conn, msg.room)
+                elif problem is None and isinstance(msg, (Hold, Claim, Ping)):
+                    conn.serving = True
+                    if isinstance(msg, Hold):
+                        self._on_hold(conn, msg.room, None)
+                    elif isinstance(msg, Claim):
+                        self._on_hold(conn, msg.room, msg.pages)
                 await writer.drain()
         except (ConnectionError, OSError, TimeoutError) as err:  # _lost fails its rooms
             logger.debug("decode control connection closed: %s", err)
@@ -330,7 +332,7 @@ class PrefillPeer(PeerLoop):
     def _on_hold(self, conn: _Conn, room: int, pages: list[int] | None) -> None:
         """A Hold (``pages`` None) or a Claim: the room is this connection's."""
         if room in self._tombstones:
-            conn.send(Fail(room, 503, "this transfer was cancelled"))
+            conn.send(Fail(room, 503, CANCELLED))
             return
         send = self._rooms.get(room)
         if send is None:  # the decode side was first: the room waits for its request here
