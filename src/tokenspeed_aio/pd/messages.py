@@ -14,7 +14,7 @@ import msgspec
 from tokenspeed_aio.wire.messages import TokenLogprobs
 
 # 1: Hold (a room's request registered on the decode rank) and Ping (its heartbeat).
-# 0: a peer that predates the version field.
+# 0: a peer whose Hello or Welcome has no version field (it decodes as 0).
 CONTROL_VERSION = 1
 
 
