@@ -1,12 +1,21 @@
 """The transfer peers' wire: the bootstrap protocol (a prefill engine's ranks register,
 decode ranks look them up) and the control protocol between a decode rank and its
-prefill rank. msgpack, each frame preceded by its 4-byte length (framing.py)."""
+prefill rank. msgpack, each frame preceded by its 4-byte length (framing.py).
+
+The control protocol is versioned (``CONTROL_VERSION``, in Hello and Welcome): a prefill
+rank refuses a decode rank of another version, and a decode rank a prefill rank of
+another, each with an error naming both versions. A field added at the end of a message
+with a default keeps older frames decodable; anything else is a new version."""
 
 from __future__ import annotations
 
 import msgspec
 
 from tokenspeed_aio.wire.messages import TokenLogprobs
+
+# 1: Hold (a room's request registered on the decode rank) and Ping (its heartbeat).
+# 0: a peer whose Hello or Welcome has no version field (it decodes as 0).
+CONTROL_VERSION = 1
 
 
 class KvLayout(msgspec.Struct, array_like=True, frozen=True):
@@ -69,6 +78,21 @@ class Hello(msgspec.Struct, tag=True, array_like=True, frozen=True):
     tp_rank: int
     session: str  # the decode rank's Mooncake session id (the write target)
     layout: KvLayout
+    version: int = 0  # the decode rank's CONTROL_VERSION
+
+
+class Hold(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """A request for the room registered on this decode rank; its Claim follows once its
+    landing pages are allocated. From here on the room is this connection's: should the
+    connection drop or its heartbeat lapse, the prefill rank fails the room at once."""
+
+    room: int
+
+
+class Ping(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """The decode rank's heartbeat (peer.HEARTBEAT_SECONDS), whether or not rooms are in
+    flight: a prefill rank that hears nothing for peer.HEARTBEAT_LAPSE_SECONDS takes the
+    decode rank for dead."""
 
 
 class Claim(msgspec.Struct, tag=True, array_like=True, frozen=True):
@@ -89,6 +113,7 @@ class Cancel(msgspec.Struct, tag=True, array_like=True, frozen=True):
 class Welcome(msgspec.Struct, tag=True, array_like=True, frozen=True):
     instance: int
     error: str | None = None  # why the prefill rank refuses this decode rank
+    version: int = 0  # the prefill rank's CONTROL_VERSION
 
 
 class Done(msgspec.Struct, tag=True, array_like=True, frozen=True):
@@ -114,4 +139,4 @@ class CancelAck(msgspec.Struct, tag=True, array_like=True, frozen=True):
 
 
 BootstrapMessage = RegisterRank | Lookup | Roster
-ControlMessage = Hello | Claim | Cancel | Welcome | Done | Fail | CancelAck
+ControlMessage = Hello | Hold | Claim | Cancel | Ping | Welcome | Done | Fail | CancelAck

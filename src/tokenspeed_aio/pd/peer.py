@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 
 SWEEP_SECONDS = 0.25  # how often timeouts are checked and the gauges refreshed
 CONNECT_SECONDS = 5.0  # one attempt to reach a peer's server
+# A decode rank pings each prefill rank it holds a connection to this often; the prefill
+# rank takes it for dead (and fails its rooms) after this long without a frame from it.
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_LAPSE_SECONDS = 5.0
 
 
 class PeerError(Exception):

@@ -1,7 +1,9 @@
 """The decode side's transfer peer: one per decode rank. It looks a request's prefill
-engine up at the bootstrap server the gateway named, advertises the request's landing
-pages to the prefill rank of its own tp rank (a Claim), and reports the KV and first
-token landing (Done).
+engine up at the bootstrap server the gateway named, holds the request's room at the
+prefill rank of its own tp rank as soon as it is registered (a Hold: should this engine
+die, that rank fails the room at once), advertises the landing pages there (a Claim), and
+reports the KV and first token landing (Done). Every connection to a prefill rank
+carries a heartbeat (Ping, every HEARTBEAT_SECONDS).
 
 Cancellation (design: "PD cancellation"): a room that advertised pages is retired only
 once its prefill rank acknowledged that its queued and executing writes retired
@@ -24,17 +26,26 @@ from tokenspeed_aio.control.pd import FAILED, LANDED, RETIRED, PeerEvent
 from tokenspeed_aio.pd.bootstrap import lookup
 from tokenspeed_aio.pd.framing import read_frame, write_frame
 from tokenspeed_aio.pd.messages import (
+    CONTROL_VERSION,
     Cancel,
     CancelAck,
     Claim,
     Done,
     Fail,
     Hello,
+    Hold,
     KvLayout,
+    Ping,
     RankEndpoint,
     Welcome,
 )
-from tokenspeed_aio.pd.peer import CONNECT_SECONDS, SWEEP_SECONDS, PeerError, PeerLoop
+from tokenspeed_aio.pd.peer import (
+    CONNECT_SECONDS,
+    HEARTBEAT_SECONDS,
+    SWEEP_SECONDS,
+    PeerError,
+    PeerLoop,
+)
 from tokenspeed_aio.pd.transfer_engine import MooncakeEngine
 from tokenspeed_aio.scheduler.plan import RemotePrefill
 from tokenspeed_aio.wire.messages import Bootstrap
@@ -174,6 +185,8 @@ class DecodePeer(PeerLoop):
             self._stop(room)
         elif room.pages is not None:
             self._claim(room)
+        else:
+            link.send(Hold(room.room))  # the room is this connection's from here on
 
     def _claim(self, room: _Room) -> None:
         room.state = CLAIMED
@@ -261,7 +274,8 @@ class DecodePeer(PeerLoop):
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(endpoint.host, endpoint.port), timeout=CONNECT_SECONDS
         )
-        write_frame(writer, Hello(self.instance, self.tp_rank, self.session, self.layout))
+        hello = Hello(self.instance, self.tp_rank, self.session, self.layout, CONTROL_VERSION)
+        write_frame(writer, hello)
         await writer.drain()
         welcome = await asyncio.wait_for(read_frame(reader, "control"), CONNECT_SECONDS)
         if not isinstance(welcome, Welcome):
@@ -288,12 +302,32 @@ class DecodePeer(PeerLoop):
         if welcome.error is not None:
             writer.close()
             raise PeerError(400, f"the prefill rank at {link.name} refused: {welcome.error}")
+        if welcome.version != CONTROL_VERSION:
+            writer.close()
+            raise PeerError(
+                400,
+                f"the prefill engine at {link.name} speaks PD control protocol "
+                f"{welcome.version}, this decode engine {CONTROL_VERSION}: run the same "
+                "tokenspeed_aio version on both sides",
+            )
         if welcome.instance != endpoint.instance:
             writer.close()
             raise PeerError(503, f"the prefill engine at {link.name} restarted")
         link.writer, link.alive = writer, True
-        self.spawn(self._read(link, reader))
+        self._serve_link(link, reader, writer)
         return link
+
+    def _serve_link(
+        self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.spawn(self._read(link, reader))
+        self.spawn(self._heartbeat(link, writer))
+
+    async def _heartbeat(self, link: _Link, writer: asyncio.StreamWriter) -> None:
+        """Ping the prefill rank while this connection of the link lasts."""
+        while link.alive and link.writer is writer:
+            link.send(Ping())
+            await asyncio.sleep(HEARTBEAT_SECONDS)
 
     async def _read(self, link: _Link, reader: asyncio.StreamReader) -> None:
         try:
@@ -367,7 +401,7 @@ class DecodePeer(PeerLoop):
                 room.state = CLAIMED
                 room.cancelled = True
                 link.send(Cancel(room.room))
-            self.spawn(self._read(link, reader))
+            self._serve_link(link, reader, writer)
             return
         await asyncio.sleep(RETIRE_GRACE_SECONDS)
         for room in list(link.rooms.values()):

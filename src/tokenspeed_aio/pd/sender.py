@@ -1,8 +1,16 @@
 """The prefill side's transfer peer: one per prefill rank. Its control server takes the
-decode ranks' claims (a room's landing pages); once its own request for the room
-finished its prompt (the plan's RemoteDecode), a write worker writes the prompt's
-pages into the decode rank's pool with Mooncake and the rank sends Done with the
-first token.
+decode ranks' holds (a room's request registered there) and claims (its landing pages);
+once its own request for the room finished its prompt (the plan's RemoteDecode), a
+write worker writes the prompt's pages into the decode rank's pool with Mooncake and
+the rank sends Done with the first token.
+
+A decode rank's liveness is its control connection: it pings every HEARTBEAT_SECONDS,
+and when the connection drops or HEARTBEAT_LAPSE_SECONDS pass without a frame, every
+room it held or claimed fails at once. A room no decode rank ever held waits for
+``--disaggregation-bootstrap-timeout``; but for that long after a decode connection was
+lost (the gateway may still send that engine's half of new requests), such a room fails
+once HOLD_SECONDS passed without a hold: a live decode engine holds its room as soon as
+it admits the request.
 
 Source retirement (design: "PD source retirement"): a terminal status alone never
 frees the source pages. Queued jobs of a failed or cancelled room are dropped,
@@ -27,17 +35,20 @@ from tokenspeed_aio.pd.bootstrap import BootstrapServer, register_rank
 from tokenspeed_aio.pd.framing import read_frame, write_frame
 from tokenspeed_aio.pd.layout import write_plan
 from tokenspeed_aio.pd.messages import (
+    CONTROL_VERSION,
     Cancel,
     CancelAck,
     Claim,
     Done,
     Fail,
     Hello,
+    Hold,
     KvLayout,
+    Ping,
     RankEndpoint,
     Welcome,
 )
-from tokenspeed_aio.pd.peer import SWEEP_SECONDS, PeerLoop
+from tokenspeed_aio.pd.peer import HEARTBEAT_LAPSE_SECONDS, SWEEP_SECONDS, PeerLoop
 from tokenspeed_aio.pd.transfer_engine import MooncakeEngine
 from tokenspeed_aio.scheduler.plan import RemoteDecode
 from tokenspeed_aio.wire.messages import Bootstrap
@@ -49,6 +60,10 @@ NUM_WRITERS = 2  # write worker threads (each write blocks in Mooncake, the GIL 
 # or kill an engine while transfers are executing.
 WRITE_DELAY_ENV = "TOKENSPEED_PD_WRITE_DELAY"
 WAITING, QUEUED, DONE = "waiting", "queued", "done"
+# After a decode connection was lost: how long a room may wait for any decode rank's hold.
+HOLD_SECONDS = 3.0
+LOST = "lost the decode engine's connection"
+CANCELLED = "this transfer was cancelled"
 
 
 class _Conn:
@@ -57,8 +72,10 @@ class _Conn:
     def __init__(self, writer: asyncio.StreamWriter, hello: Hello) -> None:
         self.writer = writer
         self.hello = hello
-        self.rooms: set[int] = set()
+        self.rooms: set[int] = set()  # held or claimed through this connection
         self.alive = True
+        self.serving = False  # it held, claimed or pinged: a decode rank's link
+        self.reason = ""  # why it was taken for lost, beyond the connection closing
 
     def send(self, message) -> None:
         if self.alive:
@@ -85,8 +102,8 @@ class _Send:
     def __init__(self, room: int, rid: str | None) -> None:
         self.room = room
         self.rid = rid  # None until this engine's request for the room registered
-        self.conn: _Conn | None = None  # the claiming decode rank
-        self.pages: list[int] | None = None  # its landing pages
+        self.conn: _Conn | None = None  # the decode rank that held or claimed it
+        self.pages: list[int] | None = None  # its landing pages, once claimed
         self.stream: RemoteDecode | None = None  # the finished prompt, once planned
         self.state = WAITING
         self.created = time.monotonic()
@@ -119,7 +136,9 @@ class PrefillPeer(PeerLoop):
         self.timeout = timeout
         self._rooms: dict[int, _Send] = {}
         self._by_rid: dict[str, _Send] = {}
-        self._tombstones: dict[int, float] = {}  # cancelled room -> when it may be forgotten
+        # a stopped room -> (when it may be forgotten, what a late registration is told)
+        self._tombstones: dict[int, tuple[float, int, str]] = {}
+        self._suspect_until = 0.0  # unheld rooms fail after HOLD_SECONDS until then
         self._jobs: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
         self._writers = [
             threading.Thread(target=self._write_main, name=f"ts-pd-write-{i}", daemon=True)
@@ -146,21 +165,22 @@ class PrefillPeer(PeerLoop):
     def _register(self, rid: str, bootstrap: Bootstrap) -> None:
         room = bootstrap.room
         if room in self._tombstones:
-            self._fail_new(rid, "the decode engine cancelled this transfer")
+            _, status, message = self._tombstones[room]
+            self._fail_new(rid, status, message)
             return
         send = self._rooms.get(room)
         if send is None:
             send = self._rooms[room] = _Send(room, rid)
         elif send.rid is not None:
-            self._fail_new(rid, f"bootstrap room {room} is already in use by another request")
+            self._fail_new(rid, 409, f"bootstrap room {room} is already in use by another request")
             return
         send.rid = rid
         send.created = time.monotonic()  # now the claim's wait starts
         self._by_rid[rid] = send
         self._maybe_start(send)
 
-    def _fail_new(self, rid: str, message: str) -> None:
-        self.emit(PeerEvent(rid, FAILED, status=409, message=message))
+    def _fail_new(self, rid: str, status: int, message: str) -> None:
+        self.emit(PeerEvent(rid, FAILED, status=status, message=message))
         self.emit(PeerEvent(rid, RETIRED))
 
     def _cancel(self, rid: str) -> None:
@@ -184,7 +204,7 @@ class PrefillPeer(PeerLoop):
     def _maybe_start(self, send: _Send) -> None:
         if send.state != WAITING or send.cancelled:
             return
-        if send.stream is None or send.conn is None or send.rid is None:
+        if send.stream is None or send.pages is None or send.rid is None:
             return
         if len(send.pages) != len(send.stream.block_ids):
             self._fail(
@@ -240,13 +260,17 @@ class PrefillPeer(PeerLoop):
             send.failed = True
             self.emit(PeerEvent(send.rid, FAILED, status=status, message=message))
 
-    def _stop(self, send: _Send) -> None:
+    def _stop(self, send: _Send, status: int = 409, message: str = CANCELLED) -> None:
         """Cancel a room; it retires now if no job of it is queued or executing, else
-        when the job returns."""
+        when the job returns. ``status`` and ``message``: what a registration of the
+        room that comes later is told."""
         send.cancelled = True
-        self._tombstones[send.room] = time.monotonic() + 2 * self.timeout
+        self._bury(send.room, status, message)
         if send.state == WAITING:
             self._finish(send, ok=False)
+
+    def _bury(self, room: int, status: int, message: str) -> None:
+        self._tombstones[room] = (time.monotonic() + 2 * self.timeout, status, message)
 
     def _finish(self, send: _Send, *, ok: bool, num_bytes: int = 0, seconds: float = 0.0) -> None:
         """The room retired: answer its decode rank (a Done went out already on success),
@@ -271,18 +295,32 @@ class PrefillPeer(PeerLoop):
             hello = await asyncio.wait_for(read_frame(reader, "control"), 30)
             if not isinstance(hello, Hello):
                 return
-            problem = self.layout.mismatch(hello.layout)
-            if hello.tp_rank != self.tp_rank and problem is None:
-                problem = f"decode rank {hello.tp_rank} dialed prefill rank {self.tp_rank}"
-            write_frame(writer, Welcome(self.instance, problem))
+            problem = _refusal(self.layout, self.tp_rank, hello)
+            write_frame(writer, Welcome(self.instance, problem, CONTROL_VERSION))
             await writer.drain()
             conn = _Conn(writer, hello)
             while True:
-                msg = await read_frame(reader, "control")
-                if isinstance(msg, Claim) and problem is None:
-                    self._on_claim(conn, msg)
-                elif isinstance(msg, Cancel):  # taken even from a rank it refused
+                try:
+                    msg = await asyncio.wait_for(
+                        read_frame(reader, "control"), HEARTBEAT_LAPSE_SECONDS
+                    )
+                except TimeoutError:
+                    logger.warning(
+                        "no frame from decode rank %d (%s) for %g s: taken for dead",
+                        hello.tp_rank,
+                        hello.session,
+                        HEARTBEAT_LAPSE_SECONDS,
+                    )
+                    conn.reason = f"no heartbeat for {HEARTBEAT_LAPSE_SECONDS:g} s"
+                    return
+                if isinstance(msg, Cancel):  # taken even from a rank it refused
                     self._on_cancel(conn, msg.room)
+                elif problem is None and isinstance(msg, (Hold, Claim, Ping)):
+                    conn.serving = True
+                    if isinstance(msg, Hold):
+                        self._on_hold(conn, msg.room, None)
+                    elif isinstance(msg, Claim):
+                        self._on_hold(conn, msg.room, msg.pages)
                 await writer.drain()
         except (ConnectionError, OSError, TimeoutError) as err:  # _lost fails its rooms
             logger.debug("decode control connection closed: %s", err)
@@ -291,23 +329,26 @@ class PrefillPeer(PeerLoop):
                 self._lost(conn)
             writer.close()
 
-    def _on_claim(self, conn: _Conn, claim: Claim) -> None:
-        if claim.room in self._tombstones:
-            conn.send(Fail(claim.room, 503, "this transfer was cancelled"))
+    def _on_hold(self, conn: _Conn, room: int, pages: list[int] | None) -> None:
+        """A Hold (``pages`` None) or a Claim: the room is this connection's."""
+        if room in self._tombstones:
+            conn.send(Fail(room, 503, CANCELLED))
             return
-        send = self._rooms.get(claim.room)
-        if send is None:  # the decode side was first: the room waits unclaimed here
-            send = self._rooms[claim.room] = _Send(claim.room, None)
-        elif send.conn is not None:
-            conn.send(Fail(claim.room, 409, f"room {claim.room} was already claimed"))
+        send = self._rooms.get(room)
+        if send is None:  # the decode side was first: the room waits for its request here
+            send = self._rooms[room] = _Send(room, None)
+        elif (send.conn is not None and send.conn is not conn) or send.pages is not None:
+            conn.send(Fail(room, 409, f"room {room} was already claimed"))
             return
-        send.conn, send.pages = conn, claim.pages
-        conn.rooms.add(claim.room)
-        self._maybe_start(send)
+        send.conn = conn
+        conn.rooms.add(room)
+        if pages is not None:
+            send.pages = pages
+            self._maybe_start(send)
 
     def _on_cancel(self, conn: _Conn, room: int) -> None:
         send = self._rooms.get(room)
-        self._tombstones[room] = time.monotonic() + 2 * self.timeout
+        self._bury(room, 409, CANCELLED)
         if send is None:
             conn.send(CancelAck(room))  # unknown, or retired already: nothing writes
             return
@@ -318,40 +359,53 @@ class PrefillPeer(PeerLoop):
             self._stop(send)
 
     def _lost(self, conn: _Conn) -> None:
-        """A decode rank is gone: its rooms fail and retire once their jobs returned, so
-        the source pages are released."""
+        """A decode rank is gone: the rooms it held or claimed fail and retire once their
+        jobs returned, so the source pages are released; for the bootstrap timeout, a
+        room no decode rank holds fails after HOLD_SECONDS."""
         conn.alive = False
+        if conn.serving:
+            self._suspect_until = time.monotonic() + self.timeout
+        message = f"{LOST} ({conn.reason})" if conn.reason else LOST
         for room in list(conn.rooms):
             send = self._rooms.get(room)
             if send is not None and not send.cancelled:
-                self._fail(send, 503, "lost the decode engine's connection")
-                send.reason = "lost the decode engine's connection"
-                self._stop(send)
+                self._fail(send, 503, message)
+                send.reason = message
+                self._stop(send, 503, message)
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
             now = time.monotonic()
             for send in list(self._rooms.values()):
-                if send.cancelled or send.state != WAITING or now - send.created < self.timeout:
+                if send.cancelled or send.state != WAITING:
                     continue
-                if send.rid is None:  # claimed, but this engine never got the request
-                    send.conn.send(
-                        Fail(
-                            send.room,
-                            503,
-                            f"the prefill engine did not receive room {send.room}'s request "
-                            f"within {self.timeout:g} s",
-                        )
+                age = now - send.created
+                if send.rid is None and age >= self.timeout:  # held, request never came
+                    message = (
+                        f"the prefill engine did not receive room {send.room}'s request "
+                        f"within {self.timeout:g} s"
                     )
+                    send.conn.send(Fail(send.room, 503, message))
                     send.conn.rooms.discard(send.room)
                     del self._rooms[send.room]
-                    self._tombstones[send.room] = now + 2 * self.timeout
-                elif send.conn is None:
+                    self._bury(send.room, 503, message)
+                elif send.rid is None or send.pages is not None:
+                    continue  # the request or the prefill still to come
+                elif age >= self.timeout:
                     message = f"no decode engine claimed room {send.room} within {self.timeout:g} s"
                     self._fail(send, 503, message)
-                    self._stop(send)
-            for room in [r for r, t in self._tombstones.items() if t < now]:
+                    send.reason = message
+                    self._stop(send, 503, message)
+                elif send.conn is None and age >= HOLD_SECONDS and now < self._suspect_until:
+                    message = (
+                        f"no decode engine took room {send.room} within {HOLD_SECONDS:g} s "
+                        "after this prefill engine lost a decode engine (the request's "
+                        "decode half may have gone to it)"
+                    )
+                    self._fail(send, 503, message)
+                    self._stop(send, 503, message)
+            for room in [r for r, (t, _, _) in self._tombstones.items() if t < now]:
                 del self._tombstones[room]
             unclaimed = sum(1 for s in self._rooms.values() if s.rid is None)
             self._gauges = (unclaimed, 0)
@@ -365,3 +419,16 @@ class PrefillPeer(PeerLoop):
         await super()._aclose()
         with contextlib.suppress(Exception):
             self.engine.close()
+
+
+def _refusal(layout: KvLayout, tp_rank: int, hello: Hello) -> str | None:
+    """Why this prefill rank refuses a decode rank's connection, or None."""
+    if hello.version != CONTROL_VERSION:
+        return (
+            f"the decode engine speaks PD control protocol {hello.version}, this prefill "
+            f"engine {CONTROL_VERSION}: run the same tokenspeed_aio version on both sides"
+        )
+    problem = layout.mismatch(hello.layout)
+    if hello.tp_rank != tp_rank and problem is None:
+        problem = f"decode rank {hello.tp_rank} dialed prefill rank {tp_rank}"
+    return problem
