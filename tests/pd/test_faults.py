@@ -72,8 +72,12 @@ def test_a_client_cancelling_mid_transfer_leaves_nothing_held(deployment, slow_p
         task = asyncio.create_task(_stream(gateway.url))
         await asyncio.to_thread(wait_in_flight, decode)  # the decode waits for its KV
         await asyncio.to_thread(wait_in_flight, prefill)
-        seen = time.monotonic()
-        task.cancel()  # the client leaves while the prefill's write is executing
+        seen = time.monotonic()  # the write starts after this, once the prompt's forward ran
+        # The tiny prompt's forward takes milliseconds: a second later its write is
+        # executing (its WRITE_DELAY first), so the client leaves mid-write. A cancel that
+        # came before the write started would rightly retire the room at once.
+        await asyncio.sleep(1.0)
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         return seen
@@ -81,7 +85,7 @@ def test_a_client_cancelling_mid_transfer_leaves_nothing_held(deployment, slow_p
     seen = asyncio.run(run())
     while in_flight(decode):  # its landing pages wait for the executing write to retire
         time.sleep(0.05)
-    assert time.monotonic() - seen > WRITE_DELAY - 1.5, "retired before the write returned"
+    assert time.monotonic() - seen > WRITE_DELAY - 0.5, "retired before the write returned"
     wait_clean([prefill, decode], timeout=WRITE_DELAY + 8)  # well before the rooms' timeout
     cancelled = '{outcome="cancelled",role="decode"}'
     assert scrape(decode.url)[f"tokenspeed:pd_transfers_total{cancelled}"] >= 1
