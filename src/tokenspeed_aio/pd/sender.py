@@ -49,6 +49,14 @@ from tokenspeed_aio.pd.messages import (
     Welcome,
 )
 from tokenspeed_aio.pd.peer import HEARTBEAT_LAPSE_SECONDS, SWEEP_SECONDS, PeerLoop
+from tokenspeed_aio.pd.prefill_rooms import (
+    DONE,
+    QUEUED,
+    WAITING,
+    DecodeConnection,
+    Room,
+    refusal,
+)
 from tokenspeed_aio.pd.transfer_engine import MooncakeEngine
 from tokenspeed_aio.scheduler.plan import RemoteDecode
 from tokenspeed_aio.wire.messages import Bootstrap
@@ -59,58 +67,10 @@ NUM_WRITERS = 2  # write worker threads (each write blocks in Mooncake, the GIL 
 # Fault injection for the tests: every write waits this long first, so a test can cancel
 # or kill an engine while transfers are executing.
 WRITE_DELAY_ENV = "TOKENSPEED_PD_WRITE_DELAY"
-WAITING, QUEUED, DONE = "waiting", "queued", "done"
 # After a decode connection was lost: how long a room may wait for any decode rank's hold.
 HOLD_SECONDS = 3.0
 LOST = "lost the decode engine's connection"
 CANCELLED = "this transfer was cancelled"
-
-
-class _Conn:
-    """A decode rank's control connection."""
-
-    def __init__(self, writer: asyncio.StreamWriter, hello: Hello) -> None:
-        self.writer = writer
-        self.hello = hello
-        self.rooms: set[int] = set()  # held or claimed through this connection
-        self.alive = True
-        self.serving = False  # it held, claimed or pinged: a decode rank's link
-        self.reason = ""  # why it was taken for lost, beyond the connection closing
-
-    def send(self, message) -> None:
-        if self.alive:
-            write_frame(self.writer, message)
-
-
-class _Send:
-    """One room on this rank: the request's side and the decode rank's claim."""
-
-    __slots__ = (
-        "cancelled",
-        "conn",
-        "created",
-        "failed",
-        "pages",
-        "peer_cancelled",
-        "reason",
-        "rid",
-        "room",
-        "state",
-        "stream",
-    )
-
-    def __init__(self, room: int, rid: str | None) -> None:
-        self.room = room
-        self.rid = rid  # None until this engine's request for the room registered
-        self.conn: _Conn | None = None  # the decode rank that held or claimed it
-        self.pages: list[int] | None = None  # its landing pages, once claimed
-        self.stream: RemoteDecode | None = None  # the finished prompt, once planned
-        self.state = WAITING
-        self.created = time.monotonic()
-        self.cancelled = False
-        self.peer_cancelled = False  # the decode rank cancelled: it awaits a CancelAck
-        self.failed = False
-        self.reason = "the prefill request was cancelled"  # what the decode rank is told
 
 
 class PrefillPeer(PeerLoop):
@@ -134,12 +94,12 @@ class PrefillPeer(PeerLoop):
         self.tp_rank = tp_rank
         self.instance = instance
         self.timeout = timeout
-        self._rooms: dict[int, _Send] = {}
-        self._by_rid: dict[str, _Send] = {}
+        self._rooms: dict[int, Room] = {}
+        self._by_rid: dict[str, Room] = {}
         # a stopped room -> (when it may be forgotten, what a late registration is told)
         self._tombstones: dict[int, tuple[float, int, str]] = {}
         self._suspect_until = 0.0  # unheld rooms fail after HOLD_SECONDS until then
-        self._jobs: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Room | None] = queue.SimpleQueue()
         self._writers = [
             threading.Thread(target=self._write_main, name=f"ts-pd-write-{i}", daemon=True)
             for i in range(NUM_WRITERS)
@@ -170,7 +130,7 @@ class PrefillPeer(PeerLoop):
             return
         send = self._rooms.get(room)
         if send is None:
-            send = self._rooms[room] = _Send(room, rid)
+            send = self._rooms[room] = Room(room, rid)
         elif send.rid is not None:
             self._fail_new(rid, 409, f"bootstrap room {room} is already in use by another request")
             return
@@ -201,7 +161,7 @@ class PrefillPeer(PeerLoop):
                 self._maybe_start(send)
 
     # -- the room's life ----------------------------------------------------------------
-    def _maybe_start(self, send: _Send) -> None:
+    def _maybe_start(self, send: Room) -> None:
         if send.state != WAITING or send.cancelled:
             return
         if send.stream is None or send.pages is None or send.rid is None:
@@ -239,7 +199,7 @@ class PrefillPeer(PeerLoop):
                 rc = -1
             self.call(self._written, send, rc, sum(lengths), time.perf_counter() - start)
 
-    def _written(self, send: _Send, rc: int | None, num_bytes: int, seconds: float) -> None:
+    def _written(self, send: Room, rc: int | None, num_bytes: int, seconds: float) -> None:
         """A job retired (rc None: dropped before it started)."""
         send.state = DONE
         if send.cancelled:
@@ -255,12 +215,12 @@ class PrefillPeer(PeerLoop):
             send.reason = message
             self._finish(send, ok=False)
 
-    def _fail(self, send: _Send, status: int, message: str) -> None:
+    def _fail(self, send: Room, status: int, message: str) -> None:
         if send.rid is not None and not send.failed:
             send.failed = True
             self.emit(PeerEvent(send.rid, FAILED, status=status, message=message))
 
-    def _stop(self, send: _Send, status: int = 409, message: str = CANCELLED) -> None:
+    def _stop(self, send: Room, status: int = 409, message: str = CANCELLED) -> None:
         """Cancel a room; it retires now if no job of it is queued or executing, else
         when the job returns. ``status`` and ``message``: what a registration of the
         room that comes later is told."""
@@ -272,7 +232,7 @@ class PrefillPeer(PeerLoop):
     def _bury(self, room: int, status: int, message: str) -> None:
         self._tombstones[room] = (time.monotonic() + 2 * self.timeout, status, message)
 
-    def _finish(self, send: _Send, *, ok: bool, num_bytes: int = 0, seconds: float = 0.0) -> None:
+    def _finish(self, send: Room, *, ok: bool, num_bytes: int = 0, seconds: float = 0.0) -> None:
         """The room retired: answer its decode rank (a Done went out already on success),
         forget it, and report it."""
         send.state = DONE
@@ -295,10 +255,10 @@ class PrefillPeer(PeerLoop):
             hello = await asyncio.wait_for(read_frame(reader, "control"), 30)
             if not isinstance(hello, Hello):
                 return
-            problem = _refusal(self.layout, self.tp_rank, hello)
+            problem = refusal(self.layout, self.tp_rank, hello)
             write_frame(writer, Welcome(self.instance, problem, CONTROL_VERSION))
             await writer.drain()
-            conn = _Conn(writer, hello)
+            conn = DecodeConnection(writer, hello)
             while True:
                 try:
                     msg = await asyncio.wait_for(
@@ -329,14 +289,14 @@ class PrefillPeer(PeerLoop):
                 self._lost(conn)
             writer.close()
 
-    def _on_hold(self, conn: _Conn, room: int, pages: list[int] | None) -> None:
+    def _on_hold(self, conn: DecodeConnection, room: int, pages: list[int] | None) -> None:
         """A Hold (``pages`` None) or a Claim: the room is this connection's."""
         if room in self._tombstones:
             conn.send(Fail(room, 503, CANCELLED))
             return
         send = self._rooms.get(room)
         if send is None:  # the decode side was first: the room waits for its request here
-            send = self._rooms[room] = _Send(room, None)
+            send = self._rooms[room] = Room(room, None)
         elif (send.conn is not None and send.conn is not conn) or send.pages is not None:
             conn.send(Fail(room, 409, f"room {room} was already claimed"))
             return
@@ -346,7 +306,7 @@ class PrefillPeer(PeerLoop):
             send.pages = pages
             self._maybe_start(send)
 
-    def _on_cancel(self, conn: _Conn, room: int) -> None:
+    def _on_cancel(self, conn: DecodeConnection, room: int) -> None:
         send = self._rooms.get(room)
         self._bury(room, 409, CANCELLED)
         if send is None:
@@ -358,7 +318,7 @@ class PrefillPeer(PeerLoop):
             self._fail(send, 503, "the decode engine cancelled the transfer")
             self._stop(send)
 
-    def _lost(self, conn: _Conn) -> None:
+    def _lost(self, conn: DecodeConnection) -> None:
         """A decode rank is gone: the rooms it held or claimed fail and retire once their
         jobs returned, so the source pages are released; for the bootstrap timeout, a
         room no decode rank holds fails after HOLD_SECONDS."""
@@ -419,16 +379,3 @@ class PrefillPeer(PeerLoop):
         await super()._aclose()
         with contextlib.suppress(Exception):
             self.engine.close()
-
-
-def _refusal(layout: KvLayout, tp_rank: int, hello: Hello) -> str | None:
-    """Why this prefill rank refuses a decode rank's connection, or None."""
-    if hello.version != CONTROL_VERSION:
-        return (
-            f"the decode engine speaks PD control protocol {hello.version}, this prefill "
-            f"engine {CONTROL_VERSION}: run the same tokenspeed_aio version on both sides"
-        )
-    problem = layout.mismatch(hello.layout)
-    if hello.tp_rank != tp_rank and problem is None:
-        problem = f"decode rank {hello.tp_rank} dialed prefill rank {tp_rank}"
-    return problem
