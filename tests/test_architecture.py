@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "sampling_params",
         "errors",
         "args",
+        "engine_flags",
         "model_source",
         "generation_config",
         "wire",

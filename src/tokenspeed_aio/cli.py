@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokenspeed_aio.args import add_engine_flags, engine_args_from
+from tokenspeed_aio.engine_flags import add_engine_flags, engine_args_from
 from tokenspeed_aio.server.flags import add_server_flags
 
 

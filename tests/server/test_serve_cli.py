@@ -20,8 +20,8 @@ import pytest
 from helpers.instruct import GENERATION_DEFAULTS, hub_cache, make_instruct_checkpoint
 from helpers.server import wait_healthy
 
-from tokenspeed_aio.args import engine_args_from
 from tokenspeed_aio.cli import build_parser
+from tokenspeed_aio.engine_flags import engine_args_from
 
 REPO = "test-org/tiny-instruct"
 SMALL = ["--num-kv-blocks=256", "--page-size=4", "--max-num-seqs=8"]

@@ -44,7 +44,7 @@ ALL_WORKLOAD_FLAGS = sorted(set().union(*WORKLOAD_FLAGS.values()))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tokenspeed_aio.args import add_engine_flags
+    from tokenspeed_aio.engine_flags import add_engine_flags
 
     parser = argparse.ArgumentParser(
         prog="python -m tokenspeed_aio bench",
@@ -161,7 +161,7 @@ def _run_loop(coro, kind: str):
 
 
 def main(argv: list[str]) -> int:
-    from tokenspeed_aio.args import engine_args_from
+    from tokenspeed_aio.engine_flags import engine_args_from
     from tokenspeed_aio.model.config import ModelConfig
     from tokenspeed_aio.model_source import resolve_model_path
 
