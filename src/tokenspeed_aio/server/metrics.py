@@ -8,6 +8,7 @@ return to idle as soon as the engine reports a cancelled request gone.
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import ClassVar
 
@@ -31,6 +32,44 @@ TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 NO_LABELS: dict[str, str] = {}
 
 
+def published(bounds, counts, observations: int, total: float) -> histogram.Histogram:
+    """aioprometheus's aggregate of ``counts`` per bucket of ``bounds`` (the last one,
+    +Inf, included): cumulative, as Prometheus exposes them."""
+    merged = histogram.Histogram(*bounds)
+    below = 0
+    for bound, count in zip(merged.buckets, counts, strict=True):
+        below += count
+        merged.buckets[bound] = below
+    merged.observations = observations
+    merged.sum = total
+    return merged
+
+
+class RequestHistogram:
+    """A histogram without labels that every engine request's outputs observe: counted per
+    bucket by bisection (aioprometheus's own observe walks every bucket, ~14 us), and
+    published into its aioprometheus metric when /metrics renders."""
+
+    __slots__ = ("bounds", "counts", "metric", "observations", "total")
+
+    def __init__(self, metric: Histogram) -> None:
+        self.metric = metric
+        self.bounds = [*metric.upper_bounds, float("inf")]
+        self.counts = [0] * len(self.bounds)
+        self.observations = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.observations += 1
+        self.total += value
+
+    def publish(self) -> None:
+        if self.observations:
+            merged = published(self.bounds, self.counts, self.observations, self.total)
+            self.metric.set_value(NO_LABELS, merged)
+
+
 class ServerMetrics:
     """The registry behind GET /metrics."""
 
@@ -44,6 +83,9 @@ class ServerMetrics:
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(f"tokenspeed:{name}", doc, const_labels=labels, registry=self.registry)
+
+        def request_histogram(name: str, doc: str, buckets: tuple[float, ...]):
+            return RequestHistogram(histogram(name, doc, buckets))
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(
@@ -62,16 +104,16 @@ class ServerMetrics:
         self.resident_blocks = gauge("kv_blocks_resident", "KV blocks holding tokens.")
         self.active_blocks = gauge("kv_blocks_active", "KV blocks held by live requests.")
         self.total_blocks = gauge("kv_blocks_total", "KV blocks in the pools.")
-        self.ttft = histogram(
+        self.ttft = request_histogram(
             "time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS
         )
-        self.tpot = histogram(
+        self.tpot = request_histogram(
             "time_per_output_token_seconds", "Time between output tokens.", TPOT_BUCKETS
         )
-        self.e2e = histogram(
+        self.e2e = request_histogram(
             "e2e_request_latency_seconds", "Arrival to the last token.", E2E_BUCKETS
         )
-        self.queue_time = histogram(
+        self.queue_time = request_histogram(
             "request_queue_time_seconds",
             "Scheduler submission to the request's first forward.",
             TTFT_BUCKETS,
@@ -175,19 +217,18 @@ class ServerMetrics:
         self.pd_unclaimed.set(NO_LABELS, sum(x.pd_unclaimed_rooms for x in loads))
         self.pd_quarantined.set(NO_LABELS, sum(x.pd_quarantined_pages for x in loads))
         self._iteration_histogram(loads)
+        for h in (self.ttft, self.tpot, self.e2e, self.queue_time):
+            h.publish()
         self._process_metrics()
         return render(self.registry, accept)
 
     def _iteration_histogram(self, loads) -> None:
         """The replicas' round counts by bucket (each replica's since its start), summed."""
-        merged = histogram.Histogram(*ITERATION_TOKEN_BUCKETS)
-        below = 0
-        for i, bound in enumerate(merged.buckets):
-            below += sum(x.iteration_buckets[i] for x in loads if x.iteration_buckets)
-            merged.buckets[bound] = below  # cumulative, as Prometheus exposes them
-        merged.observations = sum(x.forward_rounds for x in loads)
-        merged.sum = float(sum(x.forward_tokens for x in loads))
-        self.iteration_tokens.set_value(NO_LABELS, merged)
+        bounds = [*ITERATION_TOKEN_BUCKETS, float("inf")]
+        counts = [sum(x.iteration_buckets[i] for x in loads if x.iteration_buckets)
+                  for i in range(len(bounds))]  # fmt: skip
+        rounds, tokens = sum(x.forward_rounds for x in loads), sum(x.forward_tokens for x in loads)
+        self.iteration_tokens.set_value(NO_LABELS, published(bounds, counts, rounds, float(tokens)))
 
     def _process_metrics(self) -> None:
         proc = self._process
@@ -293,12 +334,12 @@ class SequenceStats:
         now = time.monotonic()
         if self.first is None:
             self.first = now
-            self.metrics.ttft.observe(NO_LABELS, now - self.arrival)
-            self.metrics.queue_time.observe(NO_LABELS, out.queue_seconds)
+            self.metrics.ttft.observe(now - self.arrival)
+            self.metrics.queue_time.observe(out.queue_seconds)
             self.metrics.prefix_queries.add(NO_LABELS, out.num_prompt_tokens)
             self.metrics.prefix_hits.add(NO_LABELS, out.num_cached_tokens)
         else:
-            self.metrics.tpot.observe(NO_LABELS, (now - self.last) / new)
+            self.metrics.tpot.observe((now - self.last) / new)
         self.last = now
         self.num_tokens = len(out.token_ids)
 
@@ -308,4 +349,4 @@ class SequenceStats:
         m.prompt_tokens.add(NO_LABELS, self.num_prompt_tokens)
         m.generation_tokens.add(NO_LABELS, self.num_tokens)
         if reason in ("stop", "length"):
-            m.e2e.observe(NO_LABELS, time.monotonic() - self.arrival)
+            m.e2e.observe(time.monotonic() - self.arrival)
