@@ -2,8 +2,9 @@
 storage tier) over the model-free SimDataPlane with a shared sim store: a second engine
 answers the first one's prompts from the store with the reference's tokens, with ops
 landing late and failing at random, at depth 0 and 1; random aborts, many while
-preparing, leak nothing; two ranks whose executors answer differently agree, and a rank's
-invalid report stops both in the same round."""
+preparing, leak nothing; two ranks whose executors answer differently agree, a store down
+on one rank prepares and publishes nothing on either, and a rank's invalid report stops
+both in the same round."""
 
 from __future__ import annotations
 
@@ -112,6 +113,34 @@ async def test_two_ranks_agree_on_every_storage_op():
         len(p.rows) for p in member.data_plane.plans
     ]
     assert group.member(0).calls == group.member(1).calls
+
+
+@pytest.mark.parametrize("down", [0, 1])
+async def test_a_store_down_on_one_rank_is_used_by_neither(down):
+    store = SimStore()
+    _, owner, member = ranks(depth=1, host=HOST, store=store)
+    ps = shared_prompts(8, seed=5)
+
+    async def serve(prefix: str, prompts: list[list[int]]) -> None:
+        for i, p in enumerate(prompts):
+            owner.generate(f"{prefix}{i}", p, max_tokens=4)
+        while owner.busy() or not member.loop.idle():
+            await asyncio.gather(owner.round(), member.round())
+        for i, p in enumerate(prompts):
+            assert owner.stream(f"{prefix}{i}").tokens == expected(p, 4), i
+
+    (owner, member)[down].storage.up = False
+    await serve("d", ps[:4])  # every request recomputes: no QUERY, no PUT on either rank
+    for engine in (owner, member):
+        assert engine.storage.executed == {}, engine.storage.executed
+        stats = engine.scheduler.storage.stats
+        assert stats.unprepared > 0 and stats.queries == 0 and stats.dropped_puts > 0, stats
+    assert owner.scheduler.storage.stats == member.scheduler.storage.stats
+    (owner, member)[down].storage.up = True
+    await serve("u", ps[4:])  # back up on both: prepared and published again
+    for engine in (owner, member):
+        assert engine.storage.executed.get("query", 0) > 0 and engine.storage.executed["put"] > 0
+    assert owner.scheduler.storage.stats == member.scheduler.storage.stats
 
 
 @pytest.mark.parametrize("bad", [0, 1])

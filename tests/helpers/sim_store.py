@@ -33,6 +33,7 @@ class SimStorage:
         self._open: dict[int, list] = {}  # op id -> [polls left, op]
         self.executed: dict[str, int] = {}
         self.extra: list[StorageResult] = []  # a test's forged results (an invalid report)
+        self.up = True  # False: this rank reports its store down (a test sets it)
 
     def submit(self, ops) -> None:
         for op in ops:
@@ -59,7 +60,7 @@ class SimStorage:
                 done.append(self._run(op))
         done += self.extra
         self.extra = []
-        return StorageReport(0.0, len(self._open), done)
+        return StorageReport(0.0, len(self._open), done, self.up)
 
     def _run(self, op) -> StorageResult:
         self.executed[op.kind] = self.executed.get(op.kind, 0) + 1

@@ -16,8 +16,13 @@ from tokenspeed_aio.cache.l3.backends import (
     MooncakeSettings,
     StorageError,
 )
-from tokenspeed_aio.cache.l3.executor import L3Executor
-from tokenspeed_aio.cache.l3.identity import DeploymentIdentity, decode_object, encode_object
+from tokenspeed_aio.cache.l3.executor import RETRY_SECONDS, L3Executor
+from tokenspeed_aio.cache.l3.identity import (
+    DeploymentIdentity,
+    decode_object,
+    encode_object,
+    object_key,
+)
 from tokenspeed_aio.scheduler.cache_ops import CancelOp, GetOp, PutOp, QueryOp
 from tokenspeed_aio.scheduler.prefix_cache import chain_hash
 
@@ -182,6 +187,11 @@ def test_executor_timeout_and_cancel_never_write_pages_late(tmp_path):
         got = wait_results(ex, 2)
         assert got[2].error == "cancelled"
         assert got[1].error == "timed out" and got[1].seconds >= 0.2
+        # the store hangs: marked down, what comes next fails at once (the worker is
+        # still stuck), until the prober's lookup answers
+        ex.submit([GetOp(3, "c", (key,), (2,))])
+        late = wait_results(ex, 1)[3]
+        assert late.error == "store unavailable" and late.seconds < 0.1
         store.release.set()  # the workers come back from the store now
         time.sleep(0.3)
         assert not pages.any(), "a late GET wrote into pages given away"
@@ -189,3 +199,103 @@ def test_executor_timeout_and_cancel_never_write_pages_late(tmp_path):
     finally:
         store.release.set()
         ex.close()
+
+
+class GoneStore(FileBackend):
+    """A directory that refuses every call while ``gone`` is set (a store that went away),
+    recording the keys of each call it refused."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.gone = threading.Event()
+        self.refused: list[list[str]] = []
+
+    def _check(self, keys) -> None:
+        if self.gone.is_set():
+            self.refused.append(list(keys))
+            raise StorageError("file store: gone")
+
+    def exists(self, keys):
+        self._check(keys)
+        return super().exists(keys)
+
+    def get_many(self, keys):
+        self._check(keys)
+        return super().get_many(keys)
+
+    def put_many(self, keys, values):
+        self._check(keys)
+        super().put_many(keys, values)
+
+
+def wait_up(executor: L3Executor, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not executor.poll().store_up:
+        assert time.monotonic() < deadline, f"the store was not marked up in {timeout} s"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+def test_a_store_marked_down_fails_ops_at_once_and_only_the_prober_asks_it(tmp_path):
+    store = GoneStore(tmp_path)
+    pages = np.zeros((4, 16), np.uint8)
+    ex = L3Executor(store, pages, "ns", timeout=5.0)
+    try:
+        keys = tuple(keys_of(list(range(8))))
+        store.gone.set()
+        ex.submit([QueryOp(1, "a", keys)])
+        first = wait_results(ex, 1)[1]
+        assert not first.ok and "gone" in first.error
+        assert not ex.poll().store_up
+        ex.submit([QueryOp(i, "r", keys) for i in range(2, 12)] + [PutOp(12, keys[:1], (0,))])
+        got = wait_results(ex, 11)  # no worker waits on the store: all at once
+        assert all(r.error == "store unavailable" and r.seconds < 0.1 for r in got.values())
+        time.sleep(2.5 * RETRY_SECONDS)
+        probes = store.refused[1:]  # after the query's call, only the prober's, one by one
+        assert store.refused[0] == [object_key("ns", k[0]) for k in keys]
+        assert 1 <= len(probes) <= 3 and all(p == ["ns/probe"] for p in probes), probes
+        store.gone.clear()
+        wait_up(ex, 3 * RETRY_SECONDS)
+        ex.submit([PutOp(13, keys, (0, 1))])
+        assert wait_results(ex, 1)[13].ok
+        ex.submit([QueryOp(14, "a", keys)])
+        assert wait_results(ex, 1)[14].value == 2  # the store is used again
+    finally:
+        ex.close()
+
+
+@pytest.mark.timeout(120)
+def test_executor_on_a_killed_master_fails_at_once_then_uses_the_new_one(mooncake_master):
+    """A real master SIGKILLed: the op in flight ends within the timeout, every later one
+    at once; a master started again on the same ports is found by the prober and used."""
+    store = mooncake(mooncake_master)
+    pages = np.random.default_rng(1).integers(0, 255, (8, 64), dtype=np.uint8)
+    ex = L3Executor(store, pages, "ns-kill", timeout=2.0)
+    keys = tuple(keys_of(list(range(8))))
+    try:
+        ex.submit([PutOp(1, keys, (0, 1))])
+        assert wait_results(ex, 1)[1].ok
+        mooncake_master.kill()
+        ex.submit([QueryOp(2, "r", keys)])
+        gone = wait_results(ex, 1, timeout=2.0 + 1.0)[2]  # failed, or timed out
+        assert not gone.ok and gone.seconds <= 2.0 + 0.5, gone
+        for batch in (range(3, 13), range(13, 23)):  # the second past the first probe
+            ex.submit([QueryOp(i, "r", keys) for i in batch])
+            got = wait_results(ex, 10, timeout=0.5)
+            assert all(r.error == "store unavailable" for r in got.values()), got
+            time.sleep(1.5 * RETRY_SECONDS)
+        mooncake_master.start()
+        deadline = time.monotonic() + 60
+        for op_id in range(23, 1000):  # the new master holds nothing: published again
+            wait_up(ex, deadline - time.monotonic())
+            ex.submit([PutOp(op_id, keys, (0, 1))])
+            # until the client remounted its segment the new master has no space for it
+            if wait_results(ex, 1, timeout=10)[op_id].ok:
+                break
+        ex.submit([GetOp(1000, "r", keys, (4, 5))])
+        assert wait_results(ex, 1, timeout=10)[1000].ok
+        assert (pages[4] == pages[0]).all() and (pages[5] == pages[1]).all()
+    finally:
+        ex.close()
+        if mooncake_master.proc is None:
+            mooncake_master.start()

@@ -41,13 +41,13 @@ def failed(op, error: str = "timed out") -> StorageResult:
     return StorageResult(op.op_id, False, 0, error)
 
 
-def run_out(sched: Scheduler, plan: ExecutionPlan, *finished: str) -> None:
+def run_out(sched: Scheduler, plan: ExecutionPlan, *finished: str, store_up: bool = True) -> None:
     """Commit ``plan``, acknowledge its device cache ops, complete its PUTs."""
     tokens = [1] * len(plan.sample_rows)
     sched.advance([ForwardCommitted(plan.plan_id, tokens), *map(RequestFinished, finished)])
     acks = [op.op_id for op in plan.cache.ops()] if plan.cache else []
     puts = [ok(op, 1) for op in storage_ops(plan) if isinstance(op, PutOp)]
-    sched.advance_head([], acks, puts)
+    sched.advance_head([], acks, puts, store_up)
 
 
 def test_a_prepared_request_is_skipped_until_its_fetch_settles():
@@ -145,8 +145,30 @@ def test_landed_l2_pages_are_published_once():
     sched.check_idle()
 
 
-def report(*results: StorageResult, depth: int = 0):
-    return StorageReport(0.0, depth, list(results)).wire()
+def test_nothing_is_prepared_or_published_while_the_store_is_down():
+    sched = make()
+    a = submit(sched, "a", list(range(5, 18)))
+    sched.advance_head([], [], [], store_up=False)  # agreed at the head: down on a rank
+    plan = sched.next_execution_plan()
+    assert not storage_ops(plan) and a.status is Status.RUNNING and a.storage_settled
+    assert plan.rows[0].num_tokens == 13 and sched.storage.stats.unprepared == 1
+    run_out(sched, plan, store_up=False)
+    plan = sched.next_execution_plan()  # the write-through of its 3 blocks lands
+    run_out(sched, plan, "a", store_up=False)
+    for _ in range(3):
+        plan = sched.next_execution_plan()
+        assert not storage_ops(plan)  # dropped, not published
+        run_out(sched, plan, store_up=False)
+    assert sched.storage.stats.dropped_puts == 3
+    sched.check_idle()
+    sched.advance_head([], [], [], store_up=True)  # back: the next request is prepared
+    b = submit(sched, "b", list(range(100, 113)))
+    (query,) = storage_ops(sched.next_execution_plan())
+    assert isinstance(query, QueryOp) and b.status is Status.PREPARING
+
+
+def report(*results: StorageResult, depth: int = 0, up: bool = True):
+    return StorageReport(0.0, depth, list(results), up).wire()
 
 
 def test_the_replica_agrees_once_every_member_reported():
@@ -161,8 +183,12 @@ def test_the_replica_agrees_once_every_member_reported():
     agreed = ops.agree([report(ok(qa, 3), ok(qb, 2)), report(ok(qa, 1), depth=1)])
     assert agreed == [StorageResult(qa.op_id, True, 1, None, 0.0)]  # the smallest run
     assert ops.open == 1 and ops.stats.queue_depth == 1
-    agreed = ops.agree([report(), report(failed(qb))])  # a failure on any member fails it
+    assert ops.store_up
+    agreed = ops.agree([report(), report(failed(qb), up=False)])  # a failure on any member
     assert [(r.op_id, r.ok, r.error) for r in agreed] == [(qb.op_id, False, "timed out")]
+    assert not ops.store_up  # ... and a store down on any member: down for the replica
+    ops.agree([report(), report()])
+    assert ops.store_up
     ops.check_idle()
 
 

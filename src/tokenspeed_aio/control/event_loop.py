@@ -183,7 +183,7 @@ class EventLoop:
         self.grammar.abort(aborted)
         self.pd.cancel(aborted)
         stored = self.storage.agree(self.relay.reports) if self.storage is not None else ()
-        self.scheduler.advance_head(aborted, acknowledged, stored)
+        self.scheduler.advance_head(aborted, acknowledged, stored, self._store_up)
         # 3. plan
         plan = self.scheduler.next_execution_plan(allow_forward=step.allow_forward)
         self.load_reporter.planned(plan.num_tokens)
@@ -227,6 +227,11 @@ class EventLoop:
     @property
     def _storage_open(self) -> int:
         return self.storage.open if self.storage is not None else 0
+
+    @property
+    def _store_up(self) -> bool:
+        """The store is up on every member, as last agreed (True without L3)."""
+        return self.storage is None or self.storage.store_up
 
     def _storage_report(self):
         """This rank's storage report for the round's exchange, and the error the exchange
@@ -304,7 +309,8 @@ class EventLoop:
         self.scheduler.advance_head(aborted)
         while self.scheduler.has_cache_work():
             acknowledged = await self.cache_ops.acknowledged(self.data_plane.poll_cache_results)
-            self.scheduler.advance_head((), acknowledged, await self._drain_storage())
+            stored = await self._drain_storage()
+            self.scheduler.advance_head((), acknowledged, stored, self._store_up)
             plan = self.scheduler.next_execution_plan(allow_forward=False)
             self._submit_storage(plan)
             if plan.needs_device():

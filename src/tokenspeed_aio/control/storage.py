@@ -1,14 +1,17 @@
 """Storage (L3) agreement: the open storage operations of the plans this rank dispatched,
 its executor's reports of them and, with several ranks in a replica, their agreement.
 
-Every round with L3, each member's executor report (its clock, queue depth, completions,
-and an error when the report broke a rule) rides the round's relay exchange -- the same
-all-gather that hands out the frontend's messages, so a round runs one exchange, not two.
-At the head every member applies the same gathered reports: an operation completes once
-every member reported it, as a success only if it succeeded on every member (a QUERY
-finds the smallest leading run any member found); a failure on any member fails it
-everywhere. A report that names an operation not open, or one already reported, is an
-error that reaches every member in the same exchange, so every member stops together.
+Every round with L3, each member's executor report (its clock, queue depth, whether its
+store is up, completions, and an error when the report broke a rule) rides the round's
+relay exchange -- the same all-gather that hands out the frontend's messages, so a round
+runs one exchange, not two. At the head every member applies the same gathered reports:
+an operation completes once every member reported it, as a success only if it succeeded
+on every member (a QUERY finds the smallest leading run any member found); a failure on
+any member fails it everywhere. The store counts as up only while every member's is:
+while it is down the scheduler plans no preparation and no publication (its requests
+recompute at once). A report that names an operation not open, or one already reported,
+is an error that reaches every member in the same exchange, so every member stops
+together.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from tokenspeed_aio.scheduler.cache_ops import CancelOp, StorageOp
 from tokenspeed_aio.scheduler.plan import ExecutionPlan
 from tokenspeed_aio.wire.messages import Load, TransferRecord
 
-# A report as it travels: (clock, queue depth, [(op id, ok, value, error, seconds)]).
-WireReport = tuple[float, int, list[tuple[int, bool, int, str | None, float]]]
+# A report as it travels: (clock, queue depth, store up, [(op id, ok, value, error, seconds)]).
+WireReport = tuple[float, int, bool, list[tuple[int, bool, int, str | None, float]]]
 
 
 class StorageOpError(RuntimeError):
@@ -47,10 +50,11 @@ class StorageReport:
     clock: float
     queue_depth: int  # operations submitted and not completed yet
     results: list[StorageResult] = field(default_factory=list)
+    store_up: bool = True  # False while the executor has the store marked down
 
     def wire(self) -> WireReport:
         rows = [(r.op_id, r.ok, r.value, r.error, r.seconds) for r in self.results]
-        return (self.clock, self.queue_depth, rows)
+        return (self.clock, self.queue_depth, self.store_up, rows)
 
 
 @dataclass(slots=True)
@@ -87,6 +91,7 @@ class StorageOps:
         self._reported: dict[int, dict[int, StorageResult]] = {}
         self._mine: set[int] = set()  # op ids this rank's executor reported already
         self._records: list[TransferRecord] = []
+        self.store_up = True  # every member's store, as of the last agreement
         self.stats = StorageStats()
 
     @property
@@ -117,7 +122,8 @@ class StorageOps:
         gathered reports on every member."""
         done = []
         depth = 0
-        for member, (_clock, queue_depth, rows) in enumerate(reports):
+        self.store_up = all(report[2] for report in reports)
+        for member, (_clock, queue_depth, _up, rows) in enumerate(reports):
             depth = max(depth, queue_depth)
             for op_id, ok, value, error, seconds in rows:
                 got = self._reported.setdefault(op_id, {})

@@ -79,17 +79,23 @@ class Scheduler(AdmissionMixin, TransferMixin, ReportingMixin):
 
     # -- head ---------------------------------------------------------------
     def advance_head(
-        self, aborted: Iterable[str], acknowledged: Iterable[int] = (), stored: Iterable = ()
+        self,
+        aborted: Iterable[str],
+        acknowledged: Iterable[int] = (),
+        stored: Iterable = (),
+        store_up: bool = True,
     ) -> None:
         """Apply what must be known before planning: the cache ops every rank of the
         replica acknowledged (a landed restore makes its request schedulable), the storage
         operations it agreed on (a settled preparation returns its request to the front of
-        the waiting queue), then the requests the clients aborted (one whose transfer is
-        tracked only parks until the transfer retired)."""
+        the waiting queue) and whether the store is up on every rank, then the requests the
+        clients aborted (one whose transfer is tracked only parks until the transfer
+        retired)."""
         if self.host_tier is not None:
             for req, image in self.host_tier.acknowledged(acknowledged):
                 self._restored(req, image)
         if self.storage is not None:
+            self.storage.store_up = store_up
             self.waiting.extendleft(reversed(self.storage.results(stored)))
         held = (self.requests.get(rid) for rid in dict.fromkeys(aborted))
         ended = [req for req in held if req is not None and req.status is not Status.FINISHED]

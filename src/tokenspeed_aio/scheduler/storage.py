@@ -8,9 +8,11 @@ A waiting request whose prompt continues past its device and L2 prefix hits is f
 leading run found into L2 host blocks reserved for them, and only then is it admitted --
 with L2 hits, loaded back like any other. While it prepares it is out of the waiting
 queue (``Status.PREPARING``), so later rounds neither hash it nor plan it; a failure, a
-timeout or a miss settles it the same way with nothing fetched, and it recomputes. An
-abort while preparing finishes it at the next head; its open op is cancelled and keeps
-its host blocks until it completes.
+timeout or a miss settles it the same way with nothing fetched, and it recomputes. While
+the store is down (on any rank of the replica, as agreed at the head) nothing is prepared
+or published: a request is settled unprepared and recomputes at once, landed pages are
+dropped. An abort while preparing finishes it at the next head; its open op is cancelled
+and keeps its host blocks until it completes.
 
 Every host block an open GET or PUT names belongs to the op until its result; a GET's
 blocks then belong to its request until it is admitted (its admission's L2 lookup takes
@@ -60,7 +62,8 @@ class StorageTierStats:
     fetched_tokens: int = 0  # prompt tokens fetched into L2
     recomputed_tokens: int = 0  # found, not in L2, not fetched: the GET failed or L2 was full
     ended_preparing: int = 0  # requests that ended (aborted) while preparing
-    dropped_puts: int = 0  # landed pages not published: they landed in a frozen round
+    unprepared: int = 0  # requests that would have queried, admitted while the store was down
+    dropped_puts: int = 0  # landed pages not published: a frozen round, or the store down
 
 
 class StorageTier:
@@ -75,18 +78,23 @@ class StorageTier:
         self.landed: list[int] = []  # L2 blocks whose write-back landed (host_tier appends)
         self._known: OrderedDict[int, None] = OrderedDict()  # hashes the store holds
         self._next_op_id = 0
+        self.store_up = True  # on every rank, as agreed at the head
         self.stats = StorageTierStats()
 
     # -- planning ------------------------------------------------------------------
     def prepare(self, plan: ExecutionPlan, req: Request) -> bool:
         """At admission, for a waiting request never prepared (its blocks hashed): plan
         its QUERY when its prompt continues past its device and L2 hits. True: it is now
-        preparing (the caller took it off the waiting queue)."""
+        preparing (the caller took it off the waiting queue); never while the store is
+        down."""
         req.storage_settled = True
         keys = req.block_hashes[: (req.num_tokens - 1) // self.page_size]
         local = len(self.pool.lookup(keys))
         local += len(self.host.lookup(keys[local:]))
         if local == len(keys):
+            return False
+        if not self.store_up:  # it recomputes what the store might hold
+            self.stats.unprepared += 1
             return False
         op = QueryOp(self._op_id(), req.rid, tuple(keys[local:]))
         self._plan(plan, op, req)
@@ -99,7 +107,8 @@ class StorageTier:
     def begin_plan(self, plan: ExecutionPlan, allow_puts: bool) -> None:
         """What the head planned (GETs, CANCELs: sent in every round, frozen ones too, so a
         drain completes them) and the PUTs of pages that landed in L2 -- which a frozen
-        round drops (counted): nothing is published while the engine stands still."""
+        round drops (counted): nothing is published while the engine stands still, nor
+        while the store is down."""
         if self._due:
             self._cache(plan).storage.extend(self._due)
             self._due = []
@@ -107,7 +116,7 @@ class StorageTier:
             return
         landed = list(self.landed)
         self.landed.clear()  # the host tier holds this list
-        if allow_puts:
+        if allow_puts and self.store_up:
             self._plan_puts(plan, landed)
         else:
             self.stats.dropped_puts += len(landed)

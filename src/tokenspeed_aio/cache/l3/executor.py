@@ -8,10 +8,14 @@ touches the L2 pages only under its operation's lock and only while the operatio
 open -- a PUT copies its pages out before the store call, a GET fetches into its own
 buffer and copies in after -- so an operation that timed out or was cancelled can never
 write a page the scheduler has given to someone else, even if its worker is still stuck
-in the store. After the store failed a call (or one timed out), operations fail at once
-for RETRY_SECONDS, then the next one tries it again: a store that is down costs a request
-at most one failed call, and one that comes back is used again. Store calls release the
-GIL (Mooncake's binding does: a hung master blocks only its worker).
+in the store. After the store failed a call (or one timed out) it is marked down:
+operations fail at once ("store unavailable"), at submission or when a worker takes one
+queued before, so no worker waits on a store that is down and no request waits longer
+than the calls already in flight when it went down (their timeout). Meanwhile one prober
+thread asks the store (a one-key existence check) every RETRY_SECONDS, one call at a time;
+the first answer marks it up again, so a store that comes back is used again. Store calls
+release the GIL (Mooncake's binding does: a hung master blocks only its worker or the
+prober).
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ logger = logging.getLogger(__name__)
 # PUTs, so publishing never holds up a request's preparation.
 DEFAULT_WORKERS = 3
 PUT_WORKERS = 2
-# After the store failed a call, operations fail at once for this long (no worker waits on
-# a store that is down); the first one after it probes the store again.
+# While the store is marked down, the prober asks it again this long after its last answer
+# (a failure; a call to a dead Mooncake master takes seconds to fail by itself).
 RETRY_SECONDS = 1.0
+PROBE_NAME = "probe"  # the key the prober looks up, in the deployment's namespace
 
 
 class _Task:
@@ -72,12 +77,16 @@ class L3Executor:
         self._lock = threading.Lock()
         self._open: dict[int, _Task] = {}
         self._done: list[StorageResult] = []
-        self._down_until = 0.0  # monotonic time the store may be tried again
+        self._up = True  # False while the store is marked down (written under the lock)
+        self._downs = 0  # times it was marked down: a probe answering an older one is stale
+        self._down = threading.Condition(self._lock)  # wakes the prober
+        self._closing = False
         self._threads = [
             threading.Thread(target=self._worker, args=(q,), name=f"ts-l3-{name}{i}", daemon=True)
             for q, name, n in ((self._queue, "", workers), (self._puts, "put", PUT_WORKERS))
             for i in range(n)
         ]
+        self._threads.append(threading.Thread(target=self._prober, name="ts-l3-probe", daemon=True))
         for thread in self._threads:
             thread.start()
 
@@ -94,6 +103,9 @@ class L3Executor:
             task = _Task(op, now, self.timeout)
             with self._lock:
                 self._open[op.op_id] = task
+            if not self._up:
+                self._finish(task, StorageResult(op.op_id, False, 0, "store unavailable"))
+                continue
             (self._puts if isinstance(op, PutOp) else self._queue).put(task)
 
     def poll(self) -> StorageReport:
@@ -104,26 +116,60 @@ class L3Executor:
             late = [t for t in self._open.values() if t.deadline <= now]
         for task in late:
             if self._finish(task, StorageResult(task.op.op_id, False, 0, "timed out")):
-                self._down_until = now + RETRY_SECONDS  # a store that hangs is down too
+                self._mark_down()  # a store that hangs is down too
                 logger.warning(
                     "L3 %s %d timed out after %.3g s", task.op.kind, task.op.op_id, self.timeout
                 )
         with self._lock:
             done, self._done = self._done, []
             depth = len(self._open)
-        return StorageReport(now, depth, done)
+        return StorageReport(now, depth, done, self._up)
 
     def delete_namespace(self) -> None:
         """flush_cache: drop every object of this deployment (blocking; low rate)."""
         self.backend.delete_namespace(self.namespace)
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._down.notify_all()
         for _ in range(len(self._threads)):
             self._queue.put(None)
             self._puts.put(None)
         for thread in self._threads:
             thread.join(timeout=1.0)  # a worker stuck in the store is a daemon
         self.backend.close()
+
+    # -- the store's state -------------------------------------------------------------
+    def _mark_down(self) -> None:
+        with self._lock:
+            self._downs += 1
+            if self._up:
+                self._up = False
+                logger.warning("L3 store marked down: its operations fail at once until it answers")
+                self._down.notify_all()
+
+    def _prober(self) -> None:
+        key = f"{self.namespace}/{PROBE_NAME}"
+        while True:
+            with self._lock:
+                while self._up and not self._closing:
+                    self._down.wait()
+                if self._closing:
+                    return
+                self._down.wait(RETRY_SECONDS)  # a close ends the wait early
+                if self._closing:
+                    return
+                downs = self._downs
+            try:
+                self.backend.exists([key])
+            except Exception as err:  # still down: ask again after RETRY_SECONDS
+                logger.debug("L3 store probe failed: %s", err)
+                continue
+            with self._lock:
+                if self._downs == downs and not self._up:  # no failure since it asked
+                    self._up = True
+                    logger.warning("L3 store answers again: operations go to it")
 
     # -- workers ----------------------------------------------------------------------
     def _finish(self, task: _Task, result: StorageResult) -> bool:
@@ -142,7 +188,7 @@ class L3Executor:
             if task.result is not None:
                 continue  # cancelled or timed out while queued
             op = task.op
-            if time.monotonic() < self._down_until:
+            if not self._up:  # queued before the store was marked down
                 self._finish(task, StorageResult(op.op_id, False, 0, "store unavailable"))
                 continue
             try:
@@ -155,7 +201,7 @@ class L3Executor:
             except Exception as err:  # the store's failure: counted, the request recomputes
                 logger.warning("L3 %s %d failed: %s", op.kind, op.op_id, err)
                 if isinstance(err, StorageError):
-                    self._down_until = time.monotonic() + RETRY_SECONDS
+                    self._mark_down()
                 result = StorageResult(op.op_id, False, 0, f"{type(err).__name__}: {err}")
             if result is not None:
                 self._finish(task, result)
