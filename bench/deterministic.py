@@ -20,11 +20,11 @@ import asyncio
 import json
 import platform
 import random
-import subprocess
 import time
 from pathlib import Path
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+from tokenspeed_aio.bench.output import git_commit
 from tokenspeed_aio.bench.shapes import WEIGHTED_SHAPES, checkpoint_dir, shape_config
 
 
@@ -128,8 +128,7 @@ async def main() -> None:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d"),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": git_commit(),
         "requests": ns.requests, "tokens": ns.tokens, "rows": rows,
         "throughput_cost": round(cost, 4),
         "deterministic": all(r[k] == 0 for r in rows[1:] for k in

@@ -21,13 +21,12 @@ import json
 import platform
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
-from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path, git_commit
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.model_source import DEFAULT_MODEL_DIR
 
@@ -130,9 +129,7 @@ async def main() -> None:
         "device": device_name(),
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": git_commit(),
         "schema": SCHEMA,
         "rows": rows,
         "mask_fill_us_per_token": mask_fill_us(Path(ns.model)),

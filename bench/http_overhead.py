@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
-from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
+from tokenspeed_aio.bench.output import OUT_HELP, default_out_path, git_commit
 from tokenspeed_aio.model_source import DEFAULT_MODEL_DIR
 
 
@@ -161,9 +161,7 @@ async def main() -> None:
         "command": "python bench/http_overhead.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": git_commit(),
         "rows": rows,
     }
     out = Path(ns.out) if ns.out else default_out_path("http-overhead")

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from tokenspeed_aio.bench.deployment import MooncakeMaster, scrape, start_engine, wait_engine
+from tokenspeed_aio.bench.output import git_commit
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 
 MODEL = "bench"
@@ -116,9 +116,7 @@ def main() -> None:
     doc = {
         "bench": "l3_master_kill",
         "argv": sys.argv[1:],
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": git_commit(),
         "load_average_1m": load,
         "storage_timeout_s": ns.storage_timeout,
         "phases": {

@@ -24,13 +24,13 @@ import asyncio
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tokenspeed_aio.bench.deployment import MooncakeMaster, scrape, start_engine, wait_engine
+from tokenspeed_aio.bench.output import git_commit
 from tokenspeed_aio.bench.shapes import checkpoint_dir, shape_config
 from tokenspeed_aio.bench.targets import ServerTarget
 
@@ -154,9 +154,7 @@ def main() -> None:
     doc = {
         "bench": "l3_ttft",
         "argv": sys.argv[1:],
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": git_commit(),
         "shape": ns.shape,
         "device": ns.device,
         "backend": ns.backend,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import psutil
 import torch
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+from tokenspeed_aio.bench.output import git_commit
 from tokenspeed_aio.bench.shapes import checkpoint_dir, shape_config
 from tokenspeed_aio.guards.host_sync import allow_host_sync
 
@@ -116,7 +116,7 @@ async def run(args) -> dict:
         "step_seconds": steps,
         "same_greedy_tokens": tokens_before == tokens_after,
         "tokens_checked": sum(len(t) for t in tokens_before),
-        "commit": os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
+        "commit": git_commit(),
     }
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from tokenspeed_aio.bench.output import git_commit
 
 # Substrings of kernel names -> the category a step's time is reported under (first match).
 CATEGORIES = (
@@ -84,9 +85,7 @@ def kernel_breakdown(step: Callable[[], object], steps: int = 5, top: int = 20) 
 def write_profile(path: Path, shape: str, results: list[dict], **measured: dict) -> None:
     """A profile script's raw JSON: the shape, the machine, the commit, what the script
     ``measured`` beside its steps (bandwidth, matmul rate) and the per-step ``results``."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = git_commit()
     doc = {
         "shape": shape,
         "machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node()},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import subprocess
 from pathlib import Path
 
 ENV_VAR = "TOKENSPEED_BENCH_DIR"
@@ -33,3 +34,9 @@ def default_out_path(name: str, suffix: str = ".json") -> Path:
     """``results_dir() / NAME-YYYYmmdd-HHMMSS.json``: a new file per invocation."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return results_dir() / f"{name}-{stamp}{suffix}"
+
+
+def git_commit() -> str:
+    """The short commit of the checkout the benchmark runs in ('' outside one)."""
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip()
