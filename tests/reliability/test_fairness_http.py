@@ -36,36 +36,42 @@ async def in_engine(server) -> tuple[float, float]:
     return waiting + m["tokenspeed:num_requests_running"] + done, waiting
 
 
+async def beside_the_fan_out(server, ready) -> tuple[float, float, float, float]:
+    """Send the big request, then the small one once ``ready(sequences in the engine)``;
+    then the big request's client leaves. (small request's seconds, sequences in the
+    engine when it was sent, of them waiting when it finished, seconds to idle after)."""
+    async with server.client(timeout=600) as client:
+        big = asyncio.create_task(client.post("/v1/completions", json=BIG))
+        deadline = time.monotonic() + 120
+        while not ready(sent_at := (await in_engine(server))[0]):
+            assert time.monotonic() < deadline, f"the fan-out stalled at {sent_at:.0f}"
+            await asyncio.sleep(0.02)
+        small_s = await small_request(client)
+        began = time.monotonic()
+        _, waiting = await in_engine(server)
+        big.cancel()  # its client leaves: all 16,000 are aborted
+        await asyncio.gather(big, return_exceptions=True)
+        await server.wait_idle(60)
+        return small_s, sent_at, waiting, time.monotonic() - began
+
+
 def test_a_small_request_beside_a_16000_sequence_request_finishes_within_2s(
     reliability_checkpoint, tmp_path
 ):
+    """Every one of the 16,000 reached the engine (waiting, running or finished) when the
+    small request is sent: it competes with them for admission only."""
+    everything = BIG_PROMPTS * BIG_N
     with run_server(reliability_checkpoint, tmp_path, api_key=None, extra=EXTRA) as server:
-
-        async def scenario() -> tuple[float, float, float]:
-            async with server.client(timeout=600) as client:
-                big = asyncio.create_task(client.post("/v1/completions", json=BIG))
-                # Every one of the 16,000 reached the engine: from here on the small
-                # request competes with them for admission only.
-                deadline = time.monotonic() + 120
-                while (await in_engine(server))[0] < BIG_PROMPTS * BIG_N:
-                    assert time.monotonic() < deadline, "the fan-out never reached the engine"
-                    await asyncio.sleep(0.1)
-                small_s = await small_request(client)
-                began = time.monotonic()
-                _, waiting = await in_engine(server)
-                big.cancel()  # its client leaves: all 16,000 are aborted
-                await asyncio.gather(big, return_exceptions=True)
-                await server.wait_idle(60)
-                return small_s, time.monotonic() - began, waiting
-
-        small_s, idle_s, waiting = asyncio.run(scenario())
-        print(
-            f"reliability: small request {small_s:.2f} s beside 16000 sequences "
-            f"({waiting:.0f} still waiting when it finished; idle {idle_s:.1f} s after the big "
-            "one's client left)"
+        small_s, _, waiting, idle_s = asyncio.run(
+            beside_the_fan_out(server, lambda n: n >= everything)
         )
-        assert small_s < 2.0, small_s
-        assert waiting > 0  # it did not simply run after the big one
+    print(
+        f"reliability: small request {small_s:.2f} s beside 16000 sequences "
+        f"({waiting:.0f} still waiting when it finished; idle {idle_s:.1f} s after the big "
+        "one's client left)"
+    )
+    assert small_s < 2.0, small_s
+    assert waiting > 0  # it did not simply run after the big one
 
 
 def test_a_small_request_sent_during_a_16000_sequence_fan_out_finishes_within_5s(
@@ -73,25 +79,10 @@ def test_a_small_request_sent_during_a_16000_sequence_fan_out_finishes_within_5s
 ):
     """The small request goes out while the 16,000 are still being submitted."""
     with run_server(reliability_checkpoint, tmp_path, api_key=None, extra=EXTRA) as server:
-
-        async def scenario() -> tuple[float, float, float]:
-            async with server.client(timeout=600) as client:
-                big = asyncio.create_task(client.post("/v1/completions", json=BIG))
-                deadline = time.monotonic() + 60
-                while (sent_at := (await in_engine(server))[0]) < 64:
-                    assert time.monotonic() < deadline, "the fan-out never reached the engine"
-                    await asyncio.sleep(0.02)
-                small_s = await small_request(client)
-                done_at = (await in_engine(server))[0]
-                big.cancel()
-                await asyncio.gather(big, return_exceptions=True)
-                await server.wait_idle(60)
-                return small_s, sent_at, done_at
-
-        small_s, sent_at, done_at = asyncio.run(scenario())
-        print(
-            f"reliability: small request sent during the fan-out ({sent_at:.0f} of the "
-            f"16000 in the engine): {small_s:.2f} s ({done_at:.0f} in it when it finished)"
-        )
-        assert sent_at < BIG_PROMPTS * BIG_N / 2  # most of the fan-out was still to come
-        assert small_s < 5.0, small_s
+        small_s, sent_at, waiting, _ = asyncio.run(beside_the_fan_out(server, lambda n: n >= 64))
+    print(
+        f"reliability: small request sent during the fan-out ({sent_at:.0f} of the "
+        f"16000 in the engine): {small_s:.2f} s ({waiting:.0f} waiting when it finished)"
+    )
+    assert sent_at < BIG_PROMPTS * BIG_N / 2  # most of the fan-out was still to come
+    assert small_s < 5.0, small_s
