@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tokenspeed_aio.api.control import EngineControl
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
+from tokenspeed_aio.api.stream import OutputKind
 from tokenspeed_aio.api.tracing import RequestTracer, trace_provider
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.control.transport import LocalTransport
@@ -218,18 +219,22 @@ class AsyncEngine(EngineControl):
         prompt_token_ids: list[int] | None = None,
         rid: str | None = None,
         bootstrap: Bootstrap | None = None,
+        output_kind: OutputKind = "cumulative",
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. Cancelling the consumer aborts the request.
 
         ``bootstrap``: on a prefill or decode engine, the request's half of a
         disaggregated request (the prefill engine's bootstrap server and the room the
-        gateway named for it)."""
+        gateway named for it). ``output_kind``: ``cumulative`` (each output holds
+        everything generated so far) or ``delta`` (only what is new: the frontend then
+        keeps no tokens of a long stream)."""
         return self.frontend.generate(
             prompt,
             sampling_params,
             prompt_token_ids=prompt_token_ids,
             rid=rid,
             bootstrap=bootstrap,
+            output_kind=output_kind,
         )
 
     def abort(self, rid: str) -> None:

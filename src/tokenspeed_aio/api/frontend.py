@@ -17,7 +17,7 @@ from typing import Protocol
 
 from tokenspeed_aio.api.control_calls import ControlCalls, ControlResult
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.api.stream import RequestStream
+from tokenspeed_aio.api.stream import OutputKind, RequestStream
 from tokenspeed_aio.api.tracing import RequestTimeline, RequestTracer
 from tokenspeed_aio.errors import (
     EngineDeadError,
@@ -103,14 +103,16 @@ class Frontend:
         rid: str | None = None,
         bootstrap: Bootstrap | None = None,
         group: str = "",
+        output_kind: OutputKind = "cumulative",
     ) -> AsyncIterator[RequestOutput]:
         """``group``: the client request this sequence belongs to; the scheduler admits
         requests in fair turns, so one request's many sequences cannot starve others
-        ("": a request of its own)."""
+        ("": a request of its own). ``output_kind``: what each output carries
+        (``RequestOutput``)."""
         params = sampling_params or SamplingParams()
         ids = await self._prompt_ids(prompt, prompt_token_ids)
         self.validate(ids, params, bootstrap)
-        stream = self.submit(rid or uuid.uuid4().hex, ids, params, bootstrap, group)
+        stream = self.submit(rid or uuid.uuid4().hex, ids, params, bootstrap, group, output_kind)
         try:
             while True:
                 item = (
@@ -213,6 +215,7 @@ class Frontend:
         params: SamplingParams,
         bootstrap: Bootstrap | None = None,
         group: str = "",
+        output_kind: OutputKind = "cumulative",
     ) -> RequestStream:
         if self.dead is not None:
             raise self.dead
@@ -225,8 +228,9 @@ class Frontend:
             )
         seed = params.seed % 2**63 if params.seed is not None else random.getrandbits(63)
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-        replica = self.route()
-        stream = self.streams[rid] = RequestStream(rid, params, detok, replica)
+        stream = RequestStream(rid, params, detok, self.route(), output_kind)
+        replica = stream.replica
+        self.streams[rid] = stream
         self.connection.send(GenerateRequest(rid, ids, params, seed, bootstrap, group), replica)
         for other in range(self.num_replicas):
             if other != replica:

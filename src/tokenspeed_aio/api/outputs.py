@@ -9,9 +9,15 @@ from tokenspeed_aio.wire.messages import TokenLogprobs
 
 @dataclass(slots=True)
 class RequestOutput:
+    """One output of a request. Of a ``cumulative`` stream (``generate``'s default)
+    ``token_ids``, ``text`` and ``logprobs`` hold everything generated so far; of a
+    ``delta`` stream only what is new in this output (then ``token_ids`` is
+    ``delta_token_ids`` and ``text`` is ``delta_text``). ``num_tokens`` counts every
+    token generated so far, in both."""
+
     rid: str
-    token_ids: list[int]  # generated so far, without the prompt
-    text: str  # generated text so far (stop strings applied)
+    token_ids: list[int]  # without the prompt
+    text: str  # stop strings applied
     delta_text: str  # text new in this output
     finished: bool = False
     finish_reason: str | None = None  # stop | length | abort
@@ -23,3 +29,4 @@ class RequestOutput:
     queue_seconds: float = 0.0  # from submission to the scheduler to its first forward
     delta_token_ids: list[int] = field(default_factory=list)
     weight_version: str = ""  # the weights' version when this output arrived
+    num_tokens: int = 0  # tokens generated so far

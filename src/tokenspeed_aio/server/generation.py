@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -82,14 +82,18 @@ def make_jobs(
 
 
 class Fanout:
-    """An HTTP request's running choices. Iterate ``outputs()`` once; ``abort()`` ends
-    choices early with finish_reason "abort" (POST /abort_request).
+    """An HTTP request's running choices. Consume them once, by ``outputs()`` (each
+    choice's cumulative outputs) or by ``events(render)`` (a stream: the response's
+    bytes); ``abort()`` ends choices early with finish_reason "abort" (POST
+    /abort_request).
 
-    Backpressure: a choice's outputs not yet taken by the consumer (the response writer,
-    which waits while its client does not read) merge into one, the newest, carrying
-    every delta since the consumer last took one: what is held for a slow client is one
-    output per choice, not one per token (each output carries the tokens so far). Past
-    ``max_backlog`` undelivered tokens in a choice the held outputs are dropped, every
+    Backpressure: what the consumer has not taken yet (the response writer waits while
+    its client does not read) is held compactly. ``outputs()``: a choice's outputs merge
+    into one, the newest, carrying every delta since the consumer last took one.
+    ``events()``: each delta output is rendered to bytes as it arrives and appended to
+    one buffer, so a slow client's backlog is bytes, not the many small objects of its
+    tokens and logprobs (whose freed memory the allocator would keep). Past
+    ``max_backlog`` undelivered tokens in a choice what is held is dropped, every
     choice is aborted (freeing its KV blocks), and the consumer's next item is a
     StreamBacklogError."""
 
@@ -115,16 +119,37 @@ class Fanout:
         self._queue: asyncio.Queue[Job | BaseException] = asyncio.Queue()
         self._held: dict[str, RequestOutput] = {}  # by rid: the output to take (queued)
         self._unstarted = 0  # jobs[_unstarted:] have no task yet
+        # events(): the rendered bytes not taken yet, each choice's tokens in them, the
+        # choices not finished, the first error, and a flag for the waiting consumer.
+        self._render: Callable[[Job, RequestOutput], bytes] | None = None
+        self._events = bytearray()
+        self._pending: dict[str, int] = {}
+        self._unfinished = len(jobs)
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
 
-    async def outputs(self) -> AsyncGenerator[tuple[Job, RequestOutput], None]:
-        """(job, output) in arrival order until every choice finished. An engine error
-        of any choice is raised here (the other choices are aborted)."""
-        queue = self._queue
+    @contextlib.asynccontextmanager
+    async def _running(self) -> AsyncGenerator[None, None]:
+        """Registered and starting its choices; on exit every choice is cancelled and
+        awaited (cancelling one aborts its engine request)."""
         self.registry.add(self)  # first: a request racing us for an id is refused here
         self._start_slice()
         starter = asyncio.create_task(self._start_rest(), name=f"{self.request_id}-start")
-        remaining = len(self.jobs)
         try:
+            yield
+        finally:
+            self.registry.remove(self)
+            starter.cancel()
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(starter, *self._tasks.values(), return_exceptions=True)
+
+    async def outputs(self) -> AsyncGenerator[tuple[Job, RequestOutput], None]:
+        """(job, cumulative output) in arrival order until every choice finished. An
+        engine error of any choice is raised here (the other choices are aborted)."""
+        queue = self._queue
+        remaining = len(self.jobs)
+        async with self._running():
             while remaining:
                 job = queue.get_nowait() if queue.qsize() else await queue.get()
                 if isinstance(job, BaseException):
@@ -133,12 +158,28 @@ class Fanout:
                 if out.finished:
                     remaining -= 1
                 yield job, out
-        finally:
-            self.registry.remove(self)
-            starter.cancel()
-            for task in self._tasks.values():
-                task.cancel()
-            await asyncio.gather(starter, *self._tasks.values(), return_exceptions=True)
+
+    async def events(
+        self, render: Callable[[Job, RequestOutput], bytes]
+    ) -> AsyncGenerator[bytes, None]:
+        """The bytes ``render`` made of each choice's delta outputs, in arrival order,
+        as much as has come each time, until every choice finished; an error (the
+        engine's, render's, the backlog's) is raised after the bytes before it."""
+        self._render = render
+        async with self._running():
+            while True:
+                if self._events:
+                    data = bytes(self._events)
+                    self._events.clear()
+                    self._pending.clear()
+                    yield data
+                elif self._error is not None:
+                    raise self._error
+                elif not self._unfinished:
+                    return
+                else:
+                    self._ready.clear()
+                    await self._ready.wait()
 
     def _start_slice(self) -> None:
         """Start the next START_SLICE choices; a choice aborted before its start ends
@@ -166,13 +207,15 @@ class Fanout:
             if (rid is None or job.rid == rid) and job.rid not in self._aborted:
                 self._aborted.add(job.rid)
                 self._ended.add(job.rid)
-                self._offer(job, _aborted(job.rid, None))
+                self._offer(job, self._abort_output(job.rid, None))
                 running.append(job.rid)
         return running
 
     def _offer(self, job: Job, out: RequestOutput) -> bool:
-        """Queue ``out`` for the consumer, merged into the choice's output still waiting
-        there; False when the choice's undelivered tokens passed the bound."""
+        """Hold ``out`` for the consumer (rendered, or merged into the choice's output
+        still waiting); False when the choice's undelivered tokens passed the bound."""
+        if self._render is not None:
+            return self._append(job, out)
         held = self._held.get(job.rid)
         self._held[job.rid] = out
         if held is None:
@@ -182,6 +225,27 @@ class Fanout:
         out.delta_token_ids = held.delta_token_ids + out.delta_token_ids
         return len(out.delta_token_ids) <= self.max_backlog
 
+    def _append(self, job: Job, out: RequestOutput) -> bool:
+        if out.finished:
+            self._unfinished -= 1
+        try:
+            self._events += self._render(job, out)
+        except Exception as exc:  # the consumer raises it
+            self._fail(exc)
+            return True
+        self._ready.set()
+        pending = self._pending.get(job.rid, 0) + len(out.delta_token_ids)
+        self._pending[job.rid] = pending
+        return pending <= self.max_backlog
+
+    def _fail(self, exc: BaseException) -> None:
+        """Hand the consumer an error (events(): the first one)."""
+        if self._render is None:
+            self._queue.put_nowait(exc)
+        elif self._error is None:
+            self._error = exc
+            self._ready.set()
+
     def _overflow(self) -> None:
         """The consumer fell too far behind: drop what it has not taken, abort every
         choice, and leave it the error."""
@@ -189,9 +253,10 @@ class Fanout:
         while queue.qsize():
             queue.get_nowait()
         self._held.clear()
+        self._events.clear()
         self._unstarted = len(self.jobs)  # the rest never start
         self._ended.update(self._tasks)
-        queue.put_nowait(
+        self._fail(
             StreamBacklogError(
                 f"the client read the stream too slowly: more than {self.max_backlog} "
                 f"tokens of one choice were waiting to be sent (--max-stream-backlog); "
@@ -207,7 +272,7 @@ class Fanout:
         its first step runs none of its code, so _run never queued its final output."""
         if job.rid not in self._ended and job.rid in self._aborted:
             self._ended.add(job.rid)
-            self._offer(job, _aborted(job.rid, None))
+            self._offer(job, self._abort_output(job.rid, None))
 
     async def _run(self, job: Job) -> None:
         stats = self.metrics.sequence(len(job.prompt_ids))
@@ -219,6 +284,7 @@ class Fanout:
             rid=job.rid,
             bootstrap=job.bootstrap,
             group=self.request_id,
+            output_kind="cumulative" if self._render is None else "delta",
         )
         try:
             async with contextlib.aclosing(stream):
@@ -236,31 +302,36 @@ class Fanout:
                 raise
             if last is None or not last.finished:  # it may have ended as the abort came
                 self._ended.add(job.rid)
-                self._offer(job, _aborted(job.rid, last))
+                self._offer(job, self._abort_output(job.rid, last))
         except Exception as exc:
             reason = "error"
             self._ended.add(job.rid)
-            self._queue.put_nowait(exc)
+            self._fail(exc)
         finally:
             stats.finish(reason)
 
-
-def _aborted(rid: str, last: RequestOutput | None) -> RequestOutput:
-    """The final output of a choice aborted by /abort_request: what it had so far."""
-    if last is None:
-        return RequestOutput(rid, [], "", "", finished=True, finish_reason="abort")
-    return RequestOutput(
-        rid,
-        last.token_ids,
-        last.text,
-        "",
-        finished=True,
-        finish_reason="abort",
-        logprobs=last.logprobs,
-        prompt_logprobs=last.prompt_logprobs,
-        num_prompt_tokens=last.num_prompt_tokens,
-        num_cached_tokens=last.num_cached_tokens,
-    )
+    def _abort_output(self, rid: str, last: RequestOutput | None) -> RequestOutput:
+        """The final output of a choice aborted by /abort_request: cumulative, what it
+        had so far; a delta one, nothing new."""
+        if last is None:
+            return RequestOutput(rid, [], "", "", finished=True, finish_reason="abort")
+        delta = self._render is not None
+        logprobs = last.logprobs
+        if delta and logprobs is not None:
+            logprobs = []
+        return RequestOutput(
+            rid,
+            [] if delta else last.token_ids,
+            "" if delta else last.text,
+            "",
+            finished=True,
+            finish_reason="abort",
+            logprobs=logprobs,
+            prompt_logprobs=last.prompt_logprobs,
+            num_prompt_tokens=last.num_prompt_tokens,
+            num_cached_tokens=last.num_cached_tokens,
+            num_tokens=last.num_tokens,
+        )
 
 
 class RequestRegistry:

@@ -328,7 +328,7 @@ class SequenceStats:
         self.num_tokens = 0
 
     def on_output(self, out: RequestOutput) -> None:
-        new = len(out.token_ids) - self.num_tokens
+        new = out.num_tokens - self.num_tokens
         if new <= 0:
             return
         now = time.monotonic()
@@ -341,7 +341,7 @@ class SequenceStats:
         else:
             self.metrics.tpot.observe((now - self.last) / new)
         self.last = now
-        self.num_tokens = len(out.token_ids)
+        self.num_tokens = out.num_tokens
 
     def finish(self, reason: str) -> None:
         m = self.metrics

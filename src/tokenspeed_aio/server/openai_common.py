@@ -115,7 +115,7 @@ def usage(prompts: list[list[int]], n: int, finals: dict[int, RequestOutput]) ->
     """Each prompt counts once whatever n is (as OpenAI bills); its cached tokens are
     the fewest any of its choices found cached."""
     prompt_tokens = sum(len(p) for p in prompts)
-    completion_tokens = sum(len(out.token_ids) for out in finals.values())
+    completion_tokens = sum(out.num_tokens for out in finals.values())
     cached = 0
     for p in range(len(prompts)):
         outs = [finals[i] for i in range(p * n, (p + 1) * n) if i in finals]
@@ -152,20 +152,26 @@ async def collect(fanout: Fanout) -> dict[int, RequestOutput]:
 
 
 async def sse_stream(
-    outputs: AsyncGenerator[tuple[Job, RequestOutput], None],
+    fanout: Fanout,
     render: Callable[[Job, RequestOutput], list[Any]],
     last: Callable[[], list[Any]] | None,
     request_id: str,
+    cumulative: bool = False,
 ) -> AsyncGenerator[bytes, None]:
-    """Frame a response stream as SSE: ``render`` turns each output into chunks,
-    ``last`` (if any) gives the closing chunks (usage); then ``data: [DONE]``. A
-    failure after the headers went out becomes an error event (the traceback stays
-    in the log)."""
+    """Frame a response stream as SSE: ``render`` turns each output into chunks (delta
+    outputs, rendered as they arrive: ``Fanout.events``; ``cumulative``: the newest
+    cumulative output when the client reads), ``last`` (if any) gives the closing
+    chunks (usage); then ``data: [DONE]``. A failure after the headers went out becomes
+    an error event (the traceback stays in the log)."""
+
+    def encode(job: Job, out: RequestOutput) -> bytes:
+        return b"".join(sse_event(chunk) for chunk in render(job, out))
+
+    source = _cumulative_events(fanout, encode) if cumulative else fanout.events(encode)
     try:
-        async with contextlib.aclosing(outputs):  # closing aborts the engine requests
-            async for job, out in outputs:
-                for chunk in render(job, out):
-                    yield sse_event(chunk)
+        async with contextlib.aclosing(source):  # closing aborts the engine requests
+            async for data in source:
+                yield data
         for chunk in last() if last else ():
             yield sse_event(chunk)
     except (ApiError, EngineError) as exc:
@@ -175,3 +181,11 @@ async def sse_stream(
         message = f"internal server error (request id {request_id}); see the server log"
         yield sse_event(error_payload(500, message))
     yield DONE
+
+
+async def _cumulative_events(
+    fanout: Fanout, encode: Callable[[Job, RequestOutput], bytes]
+) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(fanout.outputs()) as outputs:
+        async for job, out in outputs:
+            yield encode(job, out)

@@ -63,7 +63,6 @@ def _tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
 @dataclass(slots=True)
 class _ChoiceStream:
     reply: ReplyStream | None
-    tokens: int = 0  # tokens whose logprobs were streamed
     started: bool = False  # the role chunk went out
     calls: int = 0  # tool calls sent (the next one's index)
 
@@ -88,12 +87,11 @@ class ChatView:
         self.streams: dict[int, _ChoiceStream] = {}
         self.finals: dict[int, RequestOutput] = {}
 
-    def _logprobs(self, out: RequestOutput, start: int) -> ChatLogprobs | None:
+    def _logprobs(self, out: RequestOutput) -> ChatLogprobs | None:
+        """The logprobs of the output's tokens (of a stream's delta output: the new ones)."""
         if not self.req.logprobs:
             return None
-        return chat_logprobs(
-            self.ctx.token_texts, out.token_ids[start:], (out.logprobs or [])[start:]
-        )
+        return chat_logprobs(self.ctx.token_texts, out.token_ids, out.logprobs or [])
 
     def _chunk(self, choice: ChatChunkChoice) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -117,7 +115,7 @@ class ChatView:
                 ChatChoice(
                     job.index,
                     message,
-                    self._logprobs(out, 0),
+                    self._logprobs(out),
                     _finish_reason(out, calls),
                     out.stop_reason,
                 )
@@ -145,6 +143,7 @@ class ChatView:
         return ChatDelta(content=parts.content, reasoning_content=parts.reasoning, tool_calls=calls)
 
     def chunks(self, job: Job, out: RequestOutput) -> list[ChatCompletionChunk]:
+        """The chunks of one delta output (a stream's)."""
         st = self.streams.get(job.index)
         if st is None:
             reply = self.reply.stream() if self.reply.active else None
@@ -154,8 +153,7 @@ class ChatView:
             st.started = True
             role = ChatDelta(role="assistant", content="")
             result.append(self._chunk(ChatChunkChoice(job.index, role)))
-        lp = self._logprobs(out, st.tokens)
-        st.tokens = len(out.token_ids)
+        lp = self._logprobs(out)
         if st.reply is None:
             delta = ChatDelta(content=out.delta_text) if out.delta_text else ChatDelta()
         else:
@@ -230,7 +228,7 @@ def chat_router(ctx: ServerContext) -> APIRouter:
         view = ChatView(ctx, req, request_id, prompt, reply)
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:
-            events = sse_stream(fanout.outputs(), view.chunks, view.last_chunks, request_id)
+            events = sse_stream(fanout, view.chunks, view.last_chunks, request_id)
             return EventStream(events)
         finals = await cancel_on_disconnect(request.receive, collect(fanout))
         return await respond(lambda: view.completion(jobs, finals), finals, logprobs)

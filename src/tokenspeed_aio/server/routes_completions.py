@@ -56,7 +56,6 @@ async def resolve_prompts(
 
 @dataclass(slots=True)
 class _ChoiceStream:
-    tokens: int = 0  # tokens already streamed
     offset: int = 0  # text_offset of the next token
     started: bool = False
 
@@ -95,19 +94,20 @@ class CompletionView:
         return text, completion_logprobs(self.ctx.token_texts, job.prompt_ids, lps, 0)
 
     def _generated_logprobs(
-        self, out: RequestOutput, start: int, offset: int, into: CompletionLogprobs | None
+        self, out: RequestOutput, offset: int, into: CompletionLogprobs | None
     ) -> CompletionLogprobs | None:
+        """The logprobs of the output's tokens (of a stream's delta output: the new ones)."""
         if self.req.logprobs is None:
             return None
-        ids, lps = out.token_ids[start:], (out.logprobs or [])[start:]
-        return completion_logprobs(self.ctx.token_texts, ids, lps, offset, into)
+        lps = out.logprobs or []
+        return completion_logprobs(self.ctx.token_texts, out.token_ids, lps, offset, into)
 
     def completion(self, jobs: list[Job], finals: dict[int, RequestOutput]) -> Completion:
         choices = []
         for job in jobs:
             out = finals[job.index]
             prefix, lp = self._prompt_part(job, out)
-            lp = self._generated_logprobs(out, 0, len(prefix), lp)
+            lp = self._generated_logprobs(out, len(prefix), lp)
             prompt_lps = None
             if self.req.prompt_logprobs is not None:
                 prompt_lps = prompt_logprobs(self.ctx.token_texts, job.prompt_ids, out)
@@ -130,15 +130,15 @@ class CompletionView:
         )
 
     def chunks(self, job: Job, out: RequestOutput) -> list[Completion]:
+        """The chunks of one delta output (a stream's)."""
         st = self.streams.setdefault(job.index, _ChoiceStream())
         text, lp = out.delta_text, None
         if not st.started:
             prefix, lp = self._prompt_part(job, out)
             text, st.offset, st.started = prefix + text, len(prefix), True
-        lp = self._generated_logprobs(out, st.tokens, st.offset, lp)
+        lp = self._generated_logprobs(out, st.offset, lp)
         if lp is not None and lp.tokens:
             st.offset = lp.text_offset[-1] + len(lp.tokens[-1])
-        st.tokens = len(out.token_ids)
         if out.finished:
             self.finals[job.index] = out
         elif not text and not (lp and lp.tokens):
@@ -192,7 +192,7 @@ def completions_router(ctx: ServerContext) -> APIRouter:
         view = CompletionView(ctx, req, request_id, prompts, texts)
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:
-            events = sse_stream(fanout.outputs(), view.chunks, view.last_chunks, request_id)
+            events = sse_stream(fanout, view.chunks, view.last_chunks, request_id)
             return EventStream(events)
         finals = await cancel_on_disconnect(request.receive, collect(fanout))
         return await respond(lambda: view.completion(jobs, finals), finals, req.logprobs)

@@ -188,7 +188,7 @@ def sglang_router(ctx: ServerContext) -> APIRouter:
             def render(job: Job, out: RequestOutput) -> list[GenerateResult]:
                 return [result(job, out, arrival, batch)]
 
-            return EventStream(sse_stream(fanout.outputs(), render, None, request_id))
+            return EventStream(sse_stream(fanout, render, None, request_id, cumulative=True))
         finals = await cancel_on_disconnect(request.receive, collect(fanout))
         results = [result(job, finals[job.index], arrival, batch) for job in jobs]
         return json_response(results if batch else results[0])
