@@ -216,6 +216,7 @@ def connection_limits(options: ServerOptions) -> ConnectionLimits:
         head_timeout=options.header_timeout_seconds,
         max_connections=options.max_connections,
         max_body_bytes=options.max_body_bytes,
+        stream_send_buffer=options.stream_send_buffer,
     )
 
 

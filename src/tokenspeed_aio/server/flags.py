@@ -93,6 +93,13 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         "aborted with an error event",
     )
     add(
+        "--stream-send-buffer",
+        type=int,
+        default=64 * 1024,
+        help="bytes of a streaming response's socket send buffer, so that a client which "
+        "stops reading is noticed (0: the kernel's autotuned buffer, up to megabytes)",
+    )
+    add(
         "--max-sequences-per-request",
         type=int,
         default=1024,

@@ -7,7 +7,11 @@ untrusted clients needs, enforced on the raw bytes before anything is buffered.
   the previous response ending (a partial head is answered 408; a connection that sent
   nothing is closed) -- so idle and stalled connections do not hold descriptors;
 * at most ``max_connections`` connections are open; one more is answered 503 and closed;
-* the parser's own 400 (malformed HTTP) is an OpenAI-style JSON body too.
+* the parser's own 400 (malformed HTTP) is an OpenAI-style JSON body too;
+* a streamed response's socket send buffer is ``stream_send_buffer`` bytes, not the
+  kernel's autotuned one (up to megabytes): a client that stops reading stops the
+  writer within that, and the server's own bound on a stream's backlog applies
+  (``STREAM_EXTENSION``: the response calls it as it starts).
 
 Every refusal closes the connection: the rest of what the client sends is not read.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 from dataclasses import dataclass
 
 import httptools
@@ -25,6 +30,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from tokenspeed_aio.server.errors import error_payload
 
 HEAD_END = b"\r\n\r\n"
+# scope["extensions"][STREAM_EXTENSION](): a streamed response starts on this connection.
+STREAM_EXTENSION = "tokenspeed.stream"
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class ConnectionLimits:
     head_timeout: float = 10.0
     max_connections: int = 4096
     max_body_bytes: int = 8 * 1024 * 1024  # named by the refusal of an overflowing length
+    stream_send_buffer: int = 64 * 1024  # SO_SNDBUF of a streaming response; 0: the kernel's
 
 
 class _Refused(Exception):
@@ -122,6 +130,13 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_count = 0
+        self.scope["extensions"] = {STREAM_EXTENSION: self._streaming}
+
+    def _streaming(self) -> None:
+        """Bound the send buffer (Linux doubles the value for its bookkeeping)."""
+        sock = self.transport.get_extra_info("socket")
+        if self.limits.stream_send_buffer and sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.stream_send_buffer)
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)

@@ -34,6 +34,7 @@ class ServerOptions:
     keep_alive_seconds: float = 5.0  # an idle keep-alive connection is closed after this
     max_connections: int = 4096  # open connections; one more is answered 503
     max_stream_backlog: int = 512  # undelivered tokens per choice before a stream is cut
+    stream_send_buffer: int = 64 * 1024  # a streaming response's SO_SNDBUF (0: the kernel's)
     max_sequences_per_request: int = 1024  # prompts x n (400 beyond)
     max_waiting_sequences: int = 16384  # sequences admitted and not finished (429 beyond)
     shutdown_timeout_seconds: float = 30.0  # running requests' time to finish at a stop
@@ -67,6 +68,7 @@ class ServerOptions:
             keep_alive_seconds=ns.keep_alive_timeout,
             max_connections=ns.max_connections,
             max_stream_backlog=ns.max_stream_backlog,
+            stream_send_buffer=ns.stream_send_buffer,
             max_sequences_per_request=ns.max_sequences_per_request,
             max_waiting_sequences=ns.max_waiting_sequences,
             shutdown_timeout_seconds=ns.shutdown_timeout,

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import msgspec
 from starlette.responses import Response
 
+from tokenspeed_aio.server.http_protocol import STREAM_EXTENSION
+
 T = TypeVar("T")
 
 SSE_HEADERS = [
@@ -80,6 +82,9 @@ class EventStream(Response):
         self.events = events
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        started = scope.get("extensions", {}).get(STREAM_EXTENSION)
+        if started is not None:  # the connection bounds its send buffer
+            started()
         streamer = asyncio.create_task(self._stream(send))
         watcher = asyncio.create_task(_wait_for_disconnect(receive))
         try:
