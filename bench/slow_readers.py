@@ -4,9 +4,11 @@ as many tokens as the context allows) and start another when one ends, for a whi
 the frontend's RSS is sampled every second, then measured again 15 s after they left.
 Each phase is READERS:SECONDS[:BACKLOG] on a fresh server: BACKLOG is
 --max-stream-backlog (default: the server's default; a huge value is the baseline,
-what the frontend held before the bound). ``--logprobs K`` asks for K alternatives per
-token (a larger chunk per token: the output rate in bytes); ``--serve-arg`` passes a
-flag to ``serve`` (a float32 model, whose CPU forward is faster than bfloat16's).
+what the frontend held before the bound); ``--repeat K`` runs each phase K times on its
+server, one after the other (does the memory come back each time?). ``--logprobs K``
+asks for K alternatives per token (a larger chunk per token: the output rate in bytes);
+``--serve-arg`` passes a flag to ``serve`` (a float32 model, whose CPU forward is faster
+than bfloat16's).
 
     python bench/slow_readers.py --phase 50:120 --phase 3:120 --phase 3:120:100000000 \
         --logprobs 5 --serve-arg=--dtype=float32
@@ -124,7 +126,9 @@ async def phase(port: int, pid: int, readers: int, seconds: float, body: bytes) 
     }
 
 
-def measure(readers: int, seconds: float, extra: list[str], logprobs: int | None) -> dict:
+def measure(
+    readers: int, seconds: float, extra: list[str], logprobs: int | None, repeat: int
+) -> dict:
     port = free_port()
     server = start_server(port, extra)
     try:
@@ -148,8 +152,13 @@ def measure(readers: int, seconds: float, extra: list[str], logprobs: int | None
         with httpx.stream("POST", url, json=warm, timeout=300) as resp:
             for _ in resp.iter_bytes():
                 continue
-        result = asyncio.run(phase(port, server.pid, readers, seconds, body))
-        return {"flags": extra, "max_tokens": max_tokens, "logprobs": logprobs, **result}
+        rounds = [asyncio.run(phase(port, server.pid, readers, seconds, body))]
+        for _ in range(repeat - 1):
+            rounds.append(asyncio.run(phase(port, server.pid, readers, seconds, body)))
+        result = {"flags": extra, "max_tokens": max_tokens, "logprobs": logprobs, **rounds[0]}
+        if repeat > 1:
+            result["repeats"] = rounds[1:]
+        return result
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
@@ -159,6 +168,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--phase", action="append", default=None, help="READERS:SECONDS[:BACKLOG]")
     ap.add_argument("--logprobs", type=int, default=None, help="alternatives per token")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each phase on its server")
     ap.add_argument("--serve-arg", action="append", default=[], help="a flag for serve")
     ap.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     args = ap.parse_args()
@@ -166,7 +176,7 @@ def main() -> None:
     for spec in args.phase or ["50:120", "3:120", "3:120:100000000"]:
         readers, seconds, *backlog = spec.split(":")
         extra = [*args.serve_arg, *([f"--max-stream-backlog={backlog[0]}"] if backlog else [])]
-        phases.append(measure(int(readers), float(seconds), extra, args.logprobs))
+        phases.append(measure(int(readers), float(seconds), extra, args.logprobs, args.repeat))
         print(json.dumps(phases[-1]), flush=True)
     out = args.out or default_out_path("slow-readers-cpu")
     out.parent.mkdir(parents=True, exist_ok=True)
