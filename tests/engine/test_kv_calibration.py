@@ -71,7 +71,7 @@ def _reference_scales(path) -> tuple[torch.Tensor, torch.Tensor]:
     layer and head, times the headroom, over 448."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = calibration_token_ids(path, model.config.vocab_size, 1024)
     with torch.no_grad():
         cache = model(torch.tensor([ids]), use_cache=True).past_key_values
