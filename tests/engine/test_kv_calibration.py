@@ -159,3 +159,21 @@ async def test_calibrated_scales_bring_fp8_logprobs_closer(small_kv, start_engin
         lps = await _prompt_logprobs(engine, prompts)
         errors[mode] = sum(abs(a - b) for a, b in zip(base, lps, strict=True)) / len(base)
     assert errors["calibrate"] < 0.4 * errors["unit"], errors
+
+
+def test_the_l3_namespace_depends_on_the_scales(llama):
+    """Pages of an FP8 cache mean their bytes times the scales: engines whose scales differ
+    do not share an L3 namespace; a 16-bit cache's identity has no scales."""
+    from tokenspeed_aio.cache.l3.factory import deployment_identity
+
+    args = EngineArgs(model=str(llama), kv_cache_dtype="fp8")
+    pages = torch.zeros(2, 4, dtype=torch.float8_e4m3fn)
+    ones = tuple((torch.ones(2), torch.ones(2)) for _ in range(2))
+    halves = tuple((torch.ones(2), torch.full((2,), 0.5)) for _ in range(2))
+
+    def identity(scales, host_pages=pages):
+        return deployment_identity(args, "llama", torch.float32, host_pages, 0, 1, scales)
+
+    assert identity(ones).namespace != identity(halves).namespace
+    assert identity(ones).namespace == identity(tuple((k.clone(), v) for k, v in ones)).namespace
+    assert identity(None, torch.zeros(2, 4)).dtype == "float32"

@@ -338,8 +338,9 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     storage = None
     if args.kvstore_storage_backend is not None:
         identity = deployment_identity(
-            args, config.architecture, dtype, cache.host_pages, rank.tp_rank, rank.tp_size
-        )
+            args, config.architecture, dtype, cache.host_pages, rank.tp_rank, rank.tp_size,
+            kv_scales,
+        )  # fmt: skip
         storage = build_l3(args, identity, cache.host_pages)
     specs = DeviceSpecs(
         num_blocks=num_blocks,
