@@ -97,6 +97,15 @@ def test_calibrated_scales_are_the_reference_amax(small_kv, mode):
     torch.testing.assert_close(v, ref_v, rtol=1e-4, atol=0)
 
 
+def test_calibrated_scales_with_qk_norm_are_the_reference_amax(tmp_path):
+    """Qwen3: the keys as stored, normed per head, then rotated."""
+    path = make_checkpoint(tmp_path, "qwen3")
+    k, v = _scales(path, kv_cache_scales="calibrate")
+    ref_k, ref_v = _reference_scales(path)
+    torch.testing.assert_close(k, ref_k, rtol=1e-4, atol=0)
+    torch.testing.assert_close(v, ref_v, rtol=1e-4, atol=0)
+
+
 def test_scales_follow_the_values(llama, small_kv):
     """The small checkpoint computes what the original does with k/v SMALL times theirs."""
     k, v = _scales(llama, kv_cache_scales="calibrate")
