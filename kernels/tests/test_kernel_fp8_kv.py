@@ -61,6 +61,30 @@ def test_kv_write_quantizes_each_head_by_its_scale():
     assert torch.equal(flat[untouched].float(), batch.k_cache.flatten(0, 1)[untouched].float())
 
 
+def test_values_beyond_the_scales_range_saturate():
+    """A value past 448 * scale (a later prompt above a calibrated scale's amax) stores as
+    +-448, never NaN: e4m3 has no infinity and its one NaN sits right above 448."""
+    batch, (ks, vs) = _fp8_batch([5, 0], [3, 4])
+    k_new, v_new = batch.k_new * 1000, batch.v_new * 1000  # |x| / scale up to ~1e6
+    assert float((k_new[:-1].float().abs() / ks[:, None]).amax()) > 448 * 100
+    want_k, want_v = _quantized(k_new[:-1], ks), _quantized(v_new[:-1], vs)
+    assert float(want_k.float().abs().amax()) == 448 and not want_k.float().isnan().any()
+    slots = batch.slot_mapping[:-1]
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    kv_write(k_new, v_new, k_cache, v_cache, batch.slot_mapping, (ks, vs))
+    assert torch.equal(k_cache.flatten(0, 1)[slots].float(), want_k.float())
+    assert torch.equal(v_cache.flatten(0, 1)[slots].float(), want_v.float())
+    cos_sin = build_cos_sin_cache(D, 256, 10000.0, None).to(DEVICE)
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    q = batch.q.clone()
+    positions = torch.arange(k_new.shape[0], device=DEVICE)
+    apply_rotary(q, k_new.clone(), positions, cos_sin, (v_new, k_cache, v_cache,
+                 batch.slot_mapping), None, (ks, vs))  # fmt: skip
+    stored = k_cache.flatten(0, 1)[slots].float()
+    assert not stored.isnan().any() and float(stored.abs().amax()) == 448
+    assert torch.equal(v_cache.flatten(0, 1)[slots].float(), want_v.float())
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_over_an_fp8_cache_is_decode_over_its_values(splits):
     batch, (ks, vs) = _fp8_batch([0, 40, 150], [1, 1, 1], group=4)

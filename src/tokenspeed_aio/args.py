@@ -21,6 +21,7 @@ KVSTORE_STORAGE_DEFAULT_RATIO = 2.0
 DISAGGREGATION_MODES = ("plain", "prefill", "decode")
 QUANTIZATIONS = ("fp8",)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+KV_CACHE_SCALES = ("auto", "calibrate", "unit")
 
 
 @dataclass
@@ -31,6 +32,7 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None  # fp8: quantize a 16-bit checkpoint's linear layers at load
     kv_cache_dtype: str = "auto"  # auto: the activations' dtype; fp8 (e4m3): half the bytes
+    kv_cache_scales: str = "auto"  # an FP8 cache's: auto (checkpoint's, else calibrate), unit
     load_format: str = "auto"
     device: str = "auto"
     seed: int = 0  # dummy weights' seed
@@ -114,6 +116,11 @@ class EngineArgs:
             self.kv_cache_dtype in KV_CACHE_DTYPES,
             "kv_cache_dtype",
             f"must be one of {', '.join(KV_CACHE_DTYPES)}",
+        )
+        check(
+            self.kv_cache_scales in KV_CACHE_SCALES,
+            "kv_cache_scales",
+            f"must be one of {', '.join(KV_CACHE_SCALES)}",
         )
         check(
             self.load_format in LOAD_FORMATS,

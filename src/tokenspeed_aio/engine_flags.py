@@ -19,8 +19,11 @@ ENGINE_HELP = {
     "dtype": "weights and activations dtype: auto (the checkpoint's), float32, bfloat16, float16",
     "quantization": "fp8: quantize a 16-bit checkpoint's linear layers to FP8 (e4m3) at load, "
     "one scale per output channel, activations per token (FP8 checkpoints need no flag)",
-    "kv_cache_dtype": "KV cache dtype: auto (the activations') or fp8 (e4m3, scales from the "
-    "checkpoint or 1.0; the pool holds twice the tokens)",
+    "kv_cache_dtype": "KV cache dtype: auto (the activations') or fp8 (e4m3, per-head scales: "
+    "--kv-cache-scales; the pool holds twice the tokens)",
+    "kv_cache_scales": "an FP8 KV cache's per-layer, per-KV-head scales: auto (the "
+    "checkpoint's where it stores them, else calibrate), calibrate (from one 16-bit prefill "
+    "of a built-in text at startup), unit (1.0, vLLM's default)",
     "load_format": "auto/safetensors: read the checkpoint's weights; dummy: random weights",
     "device": "auto (cuda when available), cpu or cuda",
     "seed": "seed of dummy weights",

@@ -27,6 +27,12 @@ from tokenspeed_aio.cache.snapshot_pool import SlotStates
 from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
 from tokenspeed_aio.data_plane.device_handle import DeviceHandle
 from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
+from tokenspeed_aio.data_plane.kv_calibration import (
+    calibrate_kv_scales,
+    calibration_token_ids,
+    log_scales,
+    set_unit_kv_scales,
+)
 from tokenspeed_aio.data_plane.memory_profile import (
     PENALTY_BYTES_PER_LOGIT,
     SAMPLER_BYTES_PER_LOGIT,
@@ -170,6 +176,33 @@ def _backend_name(name: str, device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "torch"
 
 
+def _set_kv_scales(
+    args: EngineArgs,
+    config: ModelConfig,
+    model: torch.nn.Module,
+    backend,
+    kv_heads: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+) -> None:
+    """An FP8 cache's scales per ``--kv-cache-scales``: the checkpoint's (auto, where it
+    stores them), 1.0 (unit), else calibrated by one 16-bit prefill (kv_calibration.py)."""
+    stored = config.quantization is not None and config.quantization.kv_scales
+    mode = args.kv_cache_scales
+    if mode == "unit":
+        set_unit_kv_scales(model)
+        return
+    if mode == "auto" and stored:
+        return
+    ids = calibration_token_ids(args.tokenizer or args.model, config.vocab_size, max_model_len)
+    k_scales, v_scales = calibrate_kv_scales(
+        model, backend, ids, num_layers=config.num_hidden_layers, num_kv_heads=kv_heads,
+        head_dim=config.head_dim, dtype=dtype, device=device, page_size=args.page_size,
+    )  # fmt: skip
+    log_scales(k_scales, v_scales, len(ids))
+
+
 def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     compile_monitor().begin_startup()  # hooked before anything compiles
     set_batch_invariant(args.enable_deterministic_inference)  # before the model runs
@@ -203,8 +236,6 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     memory.adopt_weights(model)
     max_num_seqs = max_num_seqs_for(args, device, config.vocab_size)
     kv_heads = local_num_kv_heads(config.num_key_value_heads, rank.tp_size)
-    # An FP8 cache's scales: the attention layers' (the checkpoint's, else 1).
-    kv_scales = model.kv_scales() if kv_dtype == torch.float8_e4m3fn else None
     page = args.page_size
     per_block = kv_cache_bytes_per_block(
         config.num_hidden_layers, page, kv_heads, config.head_dim, kv_dtype
@@ -219,6 +250,10 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
         dtype=dtype,
         device=device,
     )
+    kv_scales = None
+    if kv_dtype == torch.float8_e4m3fn:  # the attention layers' buffers, set in place
+        _set_kv_scales(args, config, model, backend, kv_heads, dtype, device, max_model_len)
+        kv_scales = model.kv_scales()
     peak = 0
     if device.type == "cuda":  # also the prefill path's warm-up: kernels compile now
         peak = activation_peak_bytes(
@@ -303,8 +338,9 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     storage = None
     if args.kvstore_storage_backend is not None:
         identity = deployment_identity(
-            args, config.architecture, dtype, cache.host_pages, rank.tp_rank, rank.tp_size
-        )
+            args, config.architecture, dtype, cache.host_pages, rank.tp_rank, rank.tp_size,
+            kv_scales,
+        )  # fmt: skip
         storage = build_l3(args, identity, cache.host_pages)
     specs = DeviceSpecs(
         num_blocks=num_blocks,

@@ -21,6 +21,45 @@ SAMPLER_BYTES_PER_LOGIT = 28
 PENALTY_BYTES_PER_LOGIT = 5
 
 
+def prefill_forward(
+    model: torch.nn.Module,
+    backend,
+    input_ids: torch.Tensor,
+    k_caches,
+    v_caches,
+    *,
+    page_size: int,
+    kv_scales=None,
+) -> torch.Tensor:
+    """One prefill of ``input_ids`` [n] (one row, positions 0..n-1) through a temporary cache
+    of at least ``ceil(n / page_size) + 1`` blocks: the tokens' k/v land in the slots right
+    after the null block (block 0), ``page_size .. page_size + n - 1``. Returns the hidden
+    states [n, hidden]."""
+    num_tokens = input_ids.shape[0]
+    device = input_ids.device
+    blocks = -(-num_tokens // page_size)
+    positions = torch.arange(num_tokens, dtype=torch.int64, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMetadata(
+        num_tokens=num_tokens,
+        num_rows=1,
+        max_query_len=num_tokens,
+        max_seq_len=num_tokens,
+        is_decode_only=num_tokens == 1,
+        query_start_loc=torch.tensor([0, num_tokens], **i32),
+        seq_lens=torch.tensor([num_tokens], **i32),
+        context_lens=torch.zeros(1, **i32),
+        block_tables=torch.arange(1, blocks + 1, **i32).view(1, blocks),
+        slot_mapping=positions + page_size,
+        query_lens_host=(num_tokens,),
+        seq_lens_host=(num_tokens,),
+    )
+    if backend.plans_on_host:
+        table = np.arange(1, blocks + 1, dtype=np.int32)[None, :]
+        backend.plan(np.array([num_tokens]), np.array([num_tokens]), table)
+    return model(input_ids, positions, ForwardContext(meta, backend, k_caches, v_caches, kv_scales))
+
+
 @torch.inference_mode()
 def activation_peak_bytes(
     model: torch.nn.Module,
@@ -45,27 +84,9 @@ def activation_peak_bytes(
         )
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        positions = torch.arange(num_tokens, dtype=torch.int64, device=device)
-        i32 = dict(dtype=torch.int32, device=device)
-        meta = AttentionMetadata(
-            num_tokens=num_tokens,
-            num_rows=1,
-            max_query_len=num_tokens,
-            max_seq_len=num_tokens,
-            is_decode_only=num_tokens == 1,
-            query_start_loc=torch.tensor([0, num_tokens], **i32),
-            seq_lens=torch.tensor([num_tokens], **i32),
-            context_lens=torch.zeros(1, **i32),
-            block_tables=torch.arange(1, blocks + 1, **i32).view(1, blocks),
-            slot_mapping=positions + page_size,
-            query_lens_host=(num_tokens,),
-            seq_lens_host=(num_tokens,),
-        )
-        if backend.plans_on_host:
-            table = np.arange(1, blocks + 1, dtype=np.int32)[None, :]
-            backend.plan(np.array([num_tokens]), np.array([num_tokens]), table)
-        hidden = model(
-            positions % vocab_size, positions, ForwardContext(meta, backend, k, v, kv_scales)
+        input_ids = torch.arange(num_tokens, dtype=torch.int64, device=device) % vocab_size
+        hidden = prefill_forward(
+            model, backend, input_ids, k, v, page_size=page_size, kv_scales=kv_scales
         )
         rows = min(num_sampling_rows, num_tokens)
         model.compute_logits(hidden[:rows])

@@ -19,6 +19,7 @@ from tokenspeed_aio.cache.l3.backends import (
 )
 from tokenspeed_aio.cache.l3.executor import L3Executor
 from tokenspeed_aio.cache.l3.identity import DeploymentIdentity
+from tokenspeed_aio.guards.host_sync import allow_host_sync
 from tokenspeed_aio.wire.addresses import local_address
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,19 @@ def deployment_identity(
     host_pages: torch.Tensor,
     tp_rank: int,
     tp_size: int,
+    kv_scales: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None,
 ) -> DeploymentIdentity:
+    """``kv_scales``: an FP8 cache's, part of what its bytes mean (engines whose scales
+    differ, calibrated or unit, must not read each other's pages)."""
+    kv_dtype = str(host_pages.dtype).removeprefix("torch.")
+    if kv_scales is not None:
+        with allow_host_sync():
+            flat = torch.cat([t.float().reshape(-1) for pair in kv_scales for t in pair]).cpu()
+        kv_dtype += f" scales={_digest(flat.numpy().tobytes())}"
     return DeploymentIdentity(
         architecture=architecture,
         weights=weights_identity(args, dtype),
-        dtype=str(host_pages.dtype).removeprefix("torch."),
+        dtype=kv_dtype,
         page_size=args.page_size,
         layout=f"page{list(host_pages.shape[1:])} tp{tp_rank}/{tp_size}",
     )
