@@ -9,6 +9,7 @@ from typing import Any
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
+from tokenspeed_aio.server.idle_trim import IdleTrim
 from tokenspeed_aio.server.logprobs import TokenTexts
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.options import ServerOptions
@@ -30,7 +31,8 @@ class ServerContext:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     model_path: str = ""
     engine_args: dict[str, Any] = field(default_factory=dict)  # for /server_info
-    registry: RequestRegistry = field(default_factory=RequestRegistry)
+    # The running requests; when the last one ends the allocator's free memory goes back.
+    registry: RequestRegistry = field(default_factory=lambda: RequestRegistry(IdleTrim()))
     draining: bool = False  # the server is stopping: new requests are answered 503
     token_texts: TokenTexts = field(init=False)
     tool_parser: ToolParser | None = field(init=False)

@@ -20,6 +20,7 @@ from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.errors import RequestConflictError
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.errors import ApiError
+from tokenspeed_aio.server.idle_trim import IdleTrim
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import Bootstrap
@@ -338,9 +339,10 @@ class RequestRegistry:
     """Running HTTP requests by their id and by each choice's engine rid, so that
     /abort_request can end either a whole request or one choice."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: IdleTrim | None = None) -> None:
         self._by_id: dict[str, Fanout] = {}
         self.sequences = 0  # the choices of every registered request
+        self.idle = idle  # told when the first request starts and the last one ends
 
     def add(self, fanout: Fanout) -> None:
         """Register a fanout under its ids; RequestConflictError (nothing registered) when
@@ -350,6 +352,8 @@ class RequestRegistry:
         taken = next((key for key in keys if key in self._by_id), None)
         if taken is not None:
             raise RequestConflictError(f"rid: request {taken!r} is already running", param="rid")
+        if not self._by_id and self.idle is not None:
+            self.idle.busy()
         for key in keys:
             self._by_id[key] = fanout
         self.sequences += len(fanout.jobs)
@@ -360,6 +364,8 @@ class RequestRegistry:
         for key in (fanout.request_id, *(job.rid for job in fanout.jobs)):
             if self._by_id.get(key) is fanout:
                 del self._by_id[key]
+        if not self._by_id and self.idle is not None:
+            self.idle.idle()
 
     def running(self, request_id: str) -> bool:
         return request_id in self._by_id
