@@ -3,8 +3,7 @@ n=16) is in the engine when a 4-token request arrives; per-request fair admissio
 the small one in the next free slot, so it finishes within 2 s instead of behind the
 16,000 (FIFO admission measured 27 s). Sent while the frontend is still fanning the
 16,000 out, it took 18-28 s before the fan-out started its choices in slices that yield
-to the event loop; that case is bounded at 5 s (docs/reliability.md: the times it takes
-on the 2 shared cores, where the issue's 2 s is not reliably met)."""
+to the event loop; it is bounded at 2 s too (docs/reliability.md: the times measured)."""
 
 from __future__ import annotations
 
@@ -74,7 +73,7 @@ def test_a_small_request_beside_a_16000_sequence_request_finishes_within_2s(
     assert waiting > 0  # it did not simply run after the big one
 
 
-def test_a_small_request_sent_during_a_16000_sequence_fan_out_finishes_within_5s(
+def test_a_small_request_sent_during_a_16000_sequence_fan_out_finishes_within_2s(
     reliability_checkpoint, tmp_path
 ):
     """The small request goes out while the 16,000 are still being submitted."""
@@ -85,4 +84,4 @@ def test_a_small_request_sent_during_a_16000_sequence_fan_out_finishes_within_5s
         f"16000 in the engine): {small_s:.2f} s ({waiting:.0f} waiting when it finished)"
     )
     assert sent_at < BIG_PROMPTS * BIG_N / 2  # most of the fan-out was still to come
-    assert small_s < 5.0, small_s
+    assert small_s < 2.0, small_s
