@@ -145,11 +145,12 @@ def measure(
                 "logprobs": logprobs,
             }
         ).encode()
-        # Warm-up: the baseline is a server that has served a stream of this shape, read
-        # at full speed (its first-use allocations are not the slow readers' doing).
-        warm = {**json.loads(body), "max_tokens": 256}
+        # Warm-up: the baseline is a server that has served one such stream, read at full
+        # speed (its first-use allocations, e.g. the token strings of its logprobs, are
+        # not the slow readers' doing).
         url = f"http://127.0.0.1:{port}/v1/completions"
-        with httpx.stream("POST", url, json=warm, timeout=300) as resp:
+        json_type = {"Content-Type": "application/json"}
+        with httpx.stream("POST", url, content=body, headers=json_type, timeout=600) as resp:
             for _ in resp.iter_bytes():
                 continue
         rounds = [asyncio.run(phase(port, server.pid, readers, seconds, body))]
