@@ -27,12 +27,7 @@ from tokenspeed_aio.cache.snapshot_pool import SlotStates
 from tokenspeed_aio.data_plane.cuda_graph import default_capture_sizes
 from tokenspeed_aio.data_plane.device_handle import DeviceHandle
 from tokenspeed_aio.data_plane.grammar_mask import warm_up_bitmask_kernel
-from tokenspeed_aio.data_plane.kv_calibration import (
-    calibrate_kv_scales,
-    calibration_token_ids,
-    log_scales,
-    set_unit_kv_scales,
-)
+from tokenspeed_aio.data_plane.kv_calibration import set_kv_scales
 from tokenspeed_aio.data_plane.memory_profile import (
     PENALTY_BYTES_PER_LOGIT,
     SAMPLER_BYTES_PER_LOGIT,
@@ -176,33 +171,6 @@ def _backend_name(name: str, device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "torch"
 
 
-def _set_kv_scales(
-    args: EngineArgs,
-    config: ModelConfig,
-    model: torch.nn.Module,
-    backend,
-    kv_heads: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_model_len: int,
-) -> None:
-    """An FP8 cache's scales per ``--kv-cache-scales``: the checkpoint's (auto, where it
-    stores them), 1.0 (unit), else calibrated by one 16-bit prefill (kv_calibration.py)."""
-    stored = config.quantization is not None and config.quantization.kv_scales
-    mode = args.kv_cache_scales
-    if mode == "unit":
-        set_unit_kv_scales(model)
-        return
-    if mode == "auto" and stored:
-        return
-    ids = calibration_token_ids(args.tokenizer or args.model, config.vocab_size, max_model_len)
-    k_scales, v_scales = calibrate_kv_scales(
-        model, backend, ids, num_layers=config.num_hidden_layers, num_kv_heads=kv_heads,
-        head_dim=config.head_dim, dtype=dtype, device=device, page_size=args.page_size,
-    )  # fmt: skip
-    log_scales(k_scales, v_scales, len(ids))
-
-
 def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     compile_monitor().begin_startup()  # hooked before anything compiles
     set_batch_invariant(args.enable_deterministic_inference)  # before the model runs
@@ -252,7 +220,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     )
     kv_scales = None
     if kv_dtype == torch.float8_e4m3fn:  # the attention layers' buffers, set in place
-        _set_kv_scales(args, config, model, backend, kv_heads, dtype, device, max_model_len)
+        set_kv_scales(args, config, model, backend, kv_heads, dtype, device, max_model_len)
         kv_scales = model.kv_scales()
     peak = 0
     if device.type == "cuda":  # also the prefill path's warm-up: kernels compile now

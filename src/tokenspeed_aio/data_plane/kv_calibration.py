@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tokenspeed_aio.data_plane.memory_profile import prefill_forward
 from tokenspeed_aio.guards.host_sync import allow_host_sync
 from tokenspeed_aio.model.kv_cache import allocate_kv_cache
+
+if TYPE_CHECKING:
+    from tokenspeed_aio.args import EngineArgs
+    from tokenspeed_aio.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -169,3 +174,30 @@ def log_scales(k_scales: torch.Tensor, v_scales: torch.Tensor, num_tokens: int) 
         float(v_scales.min()),
         float(v_scales.max()),
     )
+
+
+def set_kv_scales(
+    args: EngineArgs,
+    config: ModelConfig,
+    model: torch.nn.Module,
+    backend,
+    kv_heads: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+) -> None:
+    """An FP8 cache's scales per ``--kv-cache-scales``: the checkpoint's (auto, where it
+    stores them), 1.0 (unit), else calibrated by one 16-bit prefill (above)."""
+    stored = config.quantization is not None and config.quantization.kv_scales
+    mode = args.kv_cache_scales
+    if mode == "unit":
+        set_unit_kv_scales(model)
+        return
+    if mode == "auto" and stored:
+        return
+    ids = calibration_token_ids(args.tokenizer or args.model, config.vocab_size, max_model_len)
+    k_scales, v_scales = calibrate_kv_scales(
+        model, backend, ids, num_layers=config.num_hidden_layers, num_kv_heads=kv_heads,
+        head_dim=config.head_dim, dtype=dtype, device=device, page_size=args.page_size,
+    )  # fmt: skip
+    log_scales(k_scales, v_scales, len(ids))
