@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "errors",
         "args",
         "engine_flags",
+        "gc_policy",
         "model_source",
         "generation_config",
         "wire",

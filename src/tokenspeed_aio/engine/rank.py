@@ -25,8 +25,8 @@ from tokenspeed_aio.control.relay import Relay, ReplicaGroup
 from tokenspeed_aio.control.request_stats import RequestStats
 from tokenspeed_aio.control.storage import StorageOps
 from tokenspeed_aio.control.transport import Transport
-from tokenspeed_aio.data_plane.gc_hooks import freeze_startup_heap
 from tokenspeed_aio.data_plane.specs import DeviceSpecs, RankInfo
+from tokenspeed_aio.gc_policy import freeze_startup_heap
 from tokenspeed_aio.scheduler.scheduler import HostTierConfig, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class EngineRank:
         stop, then shut the data plane down."""
         try:
             await self.data_plane.enter_serving()
-            freeze_startup_heap()
+            freeze_startup_heap(automatic_full_collections=False)  # GcHooks runs them
             await self.loop.run()
         finally:
             if self.loop.grammar.backend is not None:
