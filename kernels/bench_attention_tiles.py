@@ -60,7 +60,7 @@ def bench_case(
     default = TILES[k_cache.element_size()]
     for tiles in only or [default, *itertools.product(BLOCK_NS, WARPS, STAGES)]:
         for splits in sorted({chosen, min(2 * chosen, 32), min(4 * chosen, 32)}):
-            sweep[f"{tiles[0]}x{tiles[1]}x{tiles[2]}/{splits}"] = run(tiles, splits)
+            sweep[f"{'x'.join(map(str, tiles))}/{splits}"] = run(tiles, splits)
     default = f"{'x'.join(map(str, only[0] if only else default))}/{chosen}"
     best = min(sweep, key=sweep.get)
     return {
