@@ -66,7 +66,6 @@ def attend_keys(
     K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
     stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    FP8_MMA: tl.constexpr = 0,
 ):  # fmt: skip
     """Online-softmax update of (acc, m_i, l_i) with the keys at positions [n_lo, n_hi).
 
@@ -74,14 +73,8 @@ def attend_keys(
     holds at least one key each query sees, so the running max stays finite. An FP8 cache's
     k scale is in ``scale_log2``; its v scale multiplies the caller's output (module doc).
     """
-    q_scale = tl.full([q.shape[0]], 1.0, tl.float32)
     if K_cache.dtype.element_ty == tl.float8e4nv and q.dtype != tl.float32:
-        if FP8_MMA > 0:
-            qf = q.to(tl.float32)
-            q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-30) / 448.0
-            q = (qf / q_scale[:, None]).to(tl.float8e4nv)
-        else:
-            q = q.to(tl.float16)  # the tiles' dtype (module doc)
+        q = q.to(tl.float16)  # the tiles' dtype (module doc)
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < n_hi
@@ -89,10 +82,7 @@ def attend_keys(
             K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_kb, stride_kp, stride_kh, PAGE_SIZE,
         )  # fmt: skip
-        if FP8_MMA > 0:
-            s = mma(q, tl.trans(k)) * (scale_log2 * q_scale[:, None])
-        else:
-            s = mma(q, tl.trans(k.to(q.dtype))) * scale_log2
+        s = mma(q, tl.trans(k.to(q.dtype))) * scale_log2
         if CAUSAL:
             s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
         else:
@@ -105,12 +95,7 @@ def attend_keys(
             V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_vb, stride_vp, stride_vh, PAGE_SIZE,
         )  # fmt: skip
-        if FP8_MMA == 2:
-            acc = acc * alpha[:, None] + mma((p * 256.0).to(tl.float8e4nv), v) * (1.0 / 256.0)
-        elif FP8_MMA == 1:
-            acc = acc * alpha[:, None] + mma(p.to(tl.float16), v.to(tl.float16))
-        else:
-            acc = acc * alpha[:, None] + mma(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + mma(p.to(q.dtype), v.to(q.dtype))
         m_i = m_new
     return acc, m_i, l_i
 

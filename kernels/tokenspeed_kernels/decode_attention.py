@@ -148,7 +148,6 @@ def _decode_split_kernel(
     NEW_TOKEN: tl.constexpr,  # Q is the raw query; norm, rotate and store first (module doc)
     QK_NORM: tl.constexpr,
     PRECISE: tl.constexpr,  # precise_math.PRECISE_MATH: NEW_TOKEN's products round alone
-    FP8_MMA: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -209,7 +208,7 @@ def _decode_split_kernel(
             acc, m_i, l_i, q, offs_h, start, end,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-            PAGE_SIZE, BLOCK_N, False, FP8_MMA,
+            PAGE_SIZE, BLOCK_N, False,
         )  # fmt: skip
 
         o = acc / l_i[:, None] * v_scale
@@ -353,7 +352,7 @@ def decode_attention(
     # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
     block_h = max(16, triton.next_power_of_2(group))
     k_scale, v_scale = cache_scales(k_cache, kv_scales)
-    block_n, num_warps, num_stages, *fp8_mma = tiles or TILES[k_cache.element_size()]
+    block_n, num_warps, num_stages = tiles or TILES[k_cache.element_size()]
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, counters,
         k_scale, v_scale, scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
@@ -366,7 +365,6 @@ def decode_attention(
         BLOCK_G=triton.next_power_of_2(group), BLOCK_S=MAX_KV_SPLITS,
         NEW_TOKEN=new_token is not None,
         QK_NORM=new_token is not None and new_token.qk_norm is not None,
-        PRECISE=precise_math.PRECISE_MATH, FP8_MMA=fp8_mma[0] if fp8_mma else 0,
-        num_warps=num_warps, num_stages=num_stages,
+        PRECISE=precise_math.PRECISE_MATH, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
