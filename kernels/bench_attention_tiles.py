@@ -1,5 +1,5 @@
-"""Decode attention's tiles by cache dtype: every (keys per tile, warps, stages) and split
-count, Llama-3-8B shapes, at the batch sizes and contexts of the fixed-1k runs.
+"""Decode attention's tiles by cache dtype: every (keys per tile, warps, stages, register
+cap) and split count, Llama-3-8B shapes, at the batch sizes and contexts of the fixed-1k runs.
 
     python kernels/bench_attention_tiles.py --json OUT.json
 
@@ -29,16 +29,36 @@ from bench_kernels import (
 from tokenspeed_kernels.decode_attention import TILES, decode_attention, num_kv_splits_for
 
 CASES = ((1, 1536), (64, 1024), (64, 1536), (512, 1536))
-BLOCK_NS, WARPS, STAGES = (64, 128), (4, 8), (1, 2, 3)
+BLOCK_NS, WARPS, STAGES, REGISTERS = (64, 128), (4, 8), (1, 2, 3), (None, 128)
+
+
+def tile_name(tiles: tuple) -> str:
+    """KEYSxWARPSxSTAGES[xREGISTERS], as ``--tiles`` takes it."""
+    return "x".join(str(t) for t in tiles if t is not None)
+
+
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same values with each page's tokens of one head together in memory, seen through
+    the kernel's [block, page, head, dim] strides."""
+    return cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
 
 
 def bench_case(
-    batch: int, context: int, fp8: bool, num_sms: int, only: list[tuple[int, int, int]] | None
+    batch: int,
+    context: int,
+    fp8: bool,
+    num_sms: int,
+    only: list[tuple] | None,
+    layout: str = "token",
 ) -> dict:
     q, k_cache, v_cache, block_tables, seq_lens = paged_batch(batch, context)
+    if layout == "head":
+        k_cache, v_cache = head_major(k_cache), head_major(v_cache)
     scales = None
     if fp8:
-        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+        k_cache, v_cache = (
+            torch.empty_like(c, dtype=torch.float8_e4m3fn).copy_(c) for c in (k_cache, v_cache)
+        )
         ones = torch.ones(NUM_KV_HEADS, dtype=torch.float32, device="cuda")
         scales = (ones, ones)
     out = torch.empty_like(q)
@@ -46,7 +66,7 @@ def bench_case(
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
     chosen = num_kv_splits_for(batch, NUM_KV_HEADS, MAX_MODEL_LEN, num_sms)
 
-    def run(tiles: tuple[int, int, int], splits: int) -> float:
+    def run(tiles: tuple, splits: int) -> float:
         def fn():
             decode_attention(
                 q, k_cache, v_cache, block_tables, seq_lens, HEAD_DIM**-0.5, splits, out=out,
@@ -58,13 +78,14 @@ def bench_case(
 
     sweep = {}
     default = TILES[k_cache.element_size()]
-    for tiles in only or [default, *itertools.product(BLOCK_NS, WARPS, STAGES)]:
+    for tiles in only or [default, *itertools.product(BLOCK_NS, WARPS, STAGES, REGISTERS)]:
         for splits in sorted({chosen, min(2 * chosen, 32), min(4 * chosen, 32)}):
-            sweep[f"{'x'.join(map(str, tiles))}/{splits}"] = run(tiles, splits)
-    default = f"{'x'.join(map(str, only[0] if only else default))}/{chosen}"
+            sweep[f"{tile_name(tiles)}/{splits}"] = run(tiles, splits)
+    default = f"{tile_name(only[0] if only else default)}/{chosen}"
     best = min(sweep, key=sweep.get)
     return {
         "kv": "fp8" if fp8 else "bf16",
+        "layout": layout,
         "batch": batch,
         "context": context,
         "kv_bytes": kv_bytes,
@@ -83,7 +104,14 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here (after every case)")
     parser.add_argument("--kv", choices=("bf16", "fp8"), help="only this cache dtype")
     parser.add_argument("--case", help="only BATCH:CONTEXT")
-    parser.add_argument("--tiles", help="only KEYSxWARPSxSTAGES")
+    parser.add_argument("--tiles", help="only KEYSxWARPSxSTAGES[xREGISTERS]")
+    parser.add_argument(
+        "--layout",
+        choices=("token", "head"),
+        default="token",
+        help="the caches' memory order: the engine's [block, page, head, dim], or each "
+        "page's tokens of one head together (the same strided view)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention_tiles.py needs a CUDA device")
@@ -94,7 +122,7 @@ def main() -> None:
     tiles = [tuple(map(int, args.tiles.split("x")))] if args.tiles else None
     kvs = (args.kv == "fp8",) if args.kv else (False, True)
     for fp8, (batch, context) in itertools.product(kvs, cases):
-        r = bench_case(batch, context, fp8, num_sms, tiles)
+        r = bench_case(batch, context, fp8, num_sms, tiles, args.layout)
         results.append(r)
         print(
             f"{r['kv']:>4} B={batch:<4} ctx={context:<5} default {r['default']:<12} "

@@ -79,10 +79,12 @@ from tokenspeed_kernels.attention_tiles import attend_keys, head_scales
 from tokenspeed_kernels.fp8 import cache_scales
 from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_heads, store_kv_slot
 
-# (keys per tile, warps, pipeline stages) by the cache's bytes per value. The loop over a
-# split's keys is latency-bound: a tile's gather, widening and two small products run back
-# to back, so what one tile holds in flight sets the bandwidth (kernels/bench_attention_tiles.py).
-TILES = {1: (128, 4, 2), 2: (64, 4, 2), 4: (64, 4, 2)}
+# (keys per tile, warps, pipeline stages, registers per thread or None) by the cache's bytes
+# per value. The loop over a split's keys is latency-bound: a tile's gather, widening and two
+# small products run back to back, so what the SM holds in flight sets the bandwidth
+# (kernels/bench_attention_tiles.py). An e4m3 tile's widened K and V take 204 registers a
+# thread uncapped, two programs per SM; capped at 128 (a few spills), four fit.
+TILES = {1: (128, 4, 2, 128), 2: (64, 4, 2, None), 4: (64, 4, 2, None)}
 MAX_KV_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, merge) than it saves
 _LOG2E = 1.4426950408889634
@@ -314,7 +316,7 @@ def decode_attention(
     new_token: NewToken | None = None,
     counters: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-    tiles: tuple[int, int, int] | None = None,
+    tiles: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Attend each row's single query to its ``seq_lens[b]`` cached keys (layout: module doc).
 
@@ -325,7 +327,8 @@ def decode_attention(
     only read. ``counters`` (int32, zero, at least B * num_kv_heads entries, left zero) is
     the split merge's; a caller that replays the launch from a CUDA graph keeps one across
     launches, by default each call makes one. An FP8 (e4m3) cache takes ``kv_scales``: k's
-    and v's [num_kv_heads] fp32 scales. ``tiles`` overrides ``TILES`` (a benchmark's sweep).
+    and v's [num_kv_heads] fp32 scales. ``tiles`` overrides ``TILES`` (a benchmark's sweep;
+    its register cap may be left out).
     """
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -352,7 +355,8 @@ def decode_attention(
     # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
     block_h = max(16, triton.next_power_of_2(group))
     k_scale, v_scale = cache_scales(k_cache, kv_scales)
-    block_n, num_warps, num_stages = tiles or TILES[k_cache.element_size()]
+    block_n, num_warps, num_stages, *cap = tiles or TILES[k_cache.element_size()]
+    registers = {"maxnreg": cap[0]} if cap and cap[0] is not None else {}
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, counters,
         k_scale, v_scale, scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
@@ -366,5 +370,6 @@ def decode_attention(
         NEW_TOKEN=new_token is not None,
         QK_NORM=new_token is not None and new_token.qk_norm is not None,
         PRECISE=precise_math.PRECISE_MATH, num_warps=num_warps, num_stages=num_stages,
+        **registers,
     )  # fmt: skip
     return out
