@@ -1,11 +1,14 @@
 """The idle trim: glibc's malloc_trim is found and runs; a trim waits for the server to
-stay idle (a request that starts meanwhile cancels it) and runs at most once per
-interval; and the request registry says when the server went idle."""
+stay idle (a request that starts meanwhile cancels it), collects the cyclic garbage first,
+and runs at most once per interval; and the request registry says when the server went
+idle."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import platform
+import weakref
 
 import pytest
 
@@ -32,6 +35,30 @@ async def test_a_trim_waits_for_the_idle_delay_and_a_busy_server_cancels_it():
     idle.idle()  # already pending: one trim
     await asyncio.sleep(0.1)
     assert calls == [1] and idle.trims == 1
+
+
+async def test_a_trim_collects_the_cyclic_garbage_first():
+    """What a burst leaves in reference cycles (a cancelled stream's frames, its buffers)
+    is freed before the trim, not at the next collection, which an idle server never
+    reaches: its allocations stop."""
+
+    class Node:
+        pass
+
+    collected = []
+    node = Node()
+    node.self = node  # a cycle: only the collector frees it
+    weakref.finalize(node, collected.append, "freed")
+    del node
+    seen = []
+    idle = IdleTrim(trim=lambda: seen.append(list(collected)) or 1, delay=0.01)
+    gc.disable()  # the test's own allocations must not trigger a collection first
+    try:
+        idle.idle()
+        await asyncio.sleep(0.05)
+    finally:
+        gc.enable()
+    assert seen == [["freed"]]
 
 
 async def test_trims_are_at_most_one_per_interval():

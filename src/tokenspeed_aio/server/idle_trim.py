@@ -3,10 +3,13 @@
 A burst -- a slow client's backlog, a fan-out of thousands of sequences -- leaves
 glibc's heap with free chunks between live ones, and glibc returns only the top of
 its heap by itself: the frontend's RSS would stay at the burst's level. When the last
-running request ends, ``IdleTrim`` calls ``malloc_trim(0)`` (which releases every
-free page of every arena) once the server has stayed idle for ``delay`` seconds, at
-most once per ``interval``. Where the C library has no ``malloc_trim`` (musl, macOS)
-it does nothing.
+running request ends, ``IdleTrim`` runs a full garbage collection (what the burst left
+in reference cycles -- a cancelled stream's frames and buffers -- is freed only by a
+collection, which an idle server's allocations never trigger) and then ``malloc_trim(0)``
+(which releases every free page of every arena), once the server has stayed idle for
+``delay`` seconds, at most once per ``interval``. The collection holds the event loop
+for its length (the frontend's startup heap is frozen, so it walks only what the load
+left). Where the C library has no ``malloc_trim`` (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import time
 from collections.abc import Callable
 
@@ -59,6 +63,7 @@ class IdleTrim:
 
     def _run(self) -> None:
         self._timer = None
-        self._last = time.monotonic()
+        gc.collect()
         self.trim()
+        self._last = time.monotonic()  # the interval runs from the end of this trim
         self.trims += 1
