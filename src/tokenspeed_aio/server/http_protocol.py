@@ -9,9 +9,10 @@ untrusted clients needs, enforced on the raw bytes before anything is buffered.
 * at most ``max_connections`` connections are open; one more is answered 503 and closed;
 * the parser's own 400 (malformed HTTP) is an OpenAI-style JSON body too;
 * a streamed response's socket send buffer is ``stream_send_buffer`` bytes, not the
-  kernel's autotuned one (up to megabytes): a client that stops reading stops the
-  writer within that, and the server's own bound on a stream's backlog applies
-  (``STREAM_EXTENSION``: the response calls it as it starts).
+  kernel's autotuned one (up to megabytes), and its transport pauses the writer as soon
+  as the socket refuses a write (no 64 KiB of small chunks queued in the transport): a
+  client that stops reading stops the writer within that, and the server's own bound on
+  a stream's backlog applies (``STREAM_EXTENSION``: the response calls it as it starts).
 
 Every refusal closes the connection: the rest of what the client sends is not read.
 """
@@ -133,10 +134,14 @@ class GuardedProtocol(HttpToolsProtocol):
         self.scope["extensions"] = {STREAM_EXTENSION: self._streaming}
 
     def _streaming(self) -> None:
-        """Bound the send buffer (Linux doubles the value for its bookkeeping)."""
+        """Bound the send buffer (Linux doubles the value for its bookkeeping), and pause
+        the writer as soon as the socket refuses a write: the transport's own buffer then
+        holds one chunk, and the rest of a slow reader's backlog stays in the stream's
+        buffer, where its bound counts it."""
         sock = self.transport.get_extra_info("socket")
         if self.limits.stream_send_buffer and sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.stream_send_buffer)
+            self.transport.set_write_buffer_limits(high=0)
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
