@@ -22,11 +22,17 @@ from bench_kernels import (
     HEAD_DIM,
     MAX_MODEL_LEN,
     NUM_KV_HEADS,
+    PAGE_SIZE,
     copy_bandwidth,
     paged_batch,
     run_info,
 )
-from tokenspeed_kernels.decode_attention import TILES, decode_attention, num_kv_splits_for
+from tokenspeed_kernels.decode_attention import (
+    TILES,
+    NewToken,
+    decode_attention,
+    num_kv_splits_for,
+)
 
 CASES = ((1, 1536), (64, 1024), (64, 1536), (512, 1536))
 BLOCK_NS, WARPS, STAGES, REGISTERS = (64, 128), (4, 8), (1, 2, 3), (None, 128)
@@ -43,6 +49,17 @@ def head_major(cache: torch.Tensor) -> torch.Tensor:
     return cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
 
 
+def new_token(q: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> NewToken:
+    """Each row's new token at position seq_len - 1, in that position's slot: the engine's
+    launch, which rotates q and k and stores k and v before attending."""
+    batch = q.shape[0]
+    last = seq_lens.long() - 1
+    slots = block_tables.gather(1, (last // PAGE_SIZE)[:, None])[:, 0].long() * PAGE_SIZE
+    k, v = (torch.randn(batch, NUM_KV_HEADS, HEAD_DIM, dtype=q.dtype, device="cuda") for _ in "kv")
+    cos_sin = torch.randn(MAX_MODEL_LEN, HEAD_DIM, dtype=torch.float32, device="cuda")
+    return NewToken(k, v, last, cos_sin, slots + last % PAGE_SIZE)
+
+
 def bench_case(
     batch: int,
     context: int,
@@ -50,6 +67,7 @@ def bench_case(
     num_sms: int,
     only: list[tuple] | None,
     layout: str = "token",
+    fused: bool = False,
 ) -> dict:
     q, k_cache, v_cache, block_tables, seq_lens = paged_batch(batch, context)
     if layout == "head":
@@ -65,12 +83,13 @@ def bench_case(
     counters = torch.zeros(batch * NUM_KV_HEADS, dtype=torch.int32, device="cuda")
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
     chosen = num_kv_splits_for(batch, NUM_KV_HEADS, MAX_MODEL_LEN, num_sms)
+    new = new_token(q, block_tables, seq_lens) if fused else None
 
     def run(tiles: tuple, splits: int) -> float:
         def fn():
             decode_attention(
                 q, k_cache, v_cache, block_tables, seq_lens, HEAD_DIM**-0.5, splits, out=out,
-                counters=counters, kv_scales=scales, tiles=tiles,
+                counters=counters, kv_scales=scales, tiles=tiles, new_token=new,
             )  # fmt: skip
 
         fn()  # compile outside the timing
@@ -86,6 +105,7 @@ def bench_case(
     return {
         "kv": "fp8" if fp8 else "bf16",
         "layout": layout,
+        "new_token": fused,
         "batch": batch,
         "context": context,
         "kv_bytes": kv_bytes,
@@ -112,6 +132,11 @@ def main() -> None:
         help="the caches' memory order: the engine's [block, page, head, dim], or each "
         "page's tokens of one head together (the same strided view)",
     )
+    parser.add_argument(
+        "--new-token",
+        action="store_true",
+        help="the engine's fused launch: each row's new key rotated and stored first",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention_tiles.py needs a CUDA device")
@@ -122,7 +147,7 @@ def main() -> None:
     tiles = [tuple(map(int, args.tiles.split("x")))] if args.tiles else None
     kvs = (args.kv == "fp8",) if args.kv else (False, True)
     for fp8, (batch, context) in itertools.product(kvs, cases):
-        r = bench_case(batch, context, fp8, num_sms, tiles, args.layout)
+        r = bench_case(batch, context, fp8, num_sms, tiles, args.layout, args.new_token)
         results.append(r)
         print(
             f"{r['kv']:>4} B={batch:<4} ctx={context:<5} default {r['default']:<12} "
