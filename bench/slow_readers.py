@@ -8,7 +8,9 @@ what the frontend held before the bound); ``--repeat K`` runs each phase K times
 server, one after the other (does the memory come back each time?). ``--logprobs K``
 asks for K alternatives per token (a larger chunk per token: the output rate in bytes);
 ``--serve-arg`` passes a flag to ``serve`` (a float32 model, whose CPU forward is faster
-than bfloat16's).
+than bfloat16's). The baseline is the server's RSS after it served one such stream and
+then READERS short ones at once, read at full speed (the RSS after the one stream alone is
+reported too).
 
     python bench/slow_readers.py --phase 50:120 --phase 3:120 --phase 3:120:100000000 \
         --logprobs 5 --serve-arg=--dtype=float32
@@ -35,6 +37,7 @@ from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
 
 MiB = 2**20
 N = 16  # choices per stream
+WARM_UP_TOKENS = 128  # per choice of the warm-up's concurrent streams
 
 
 def free_port() -> int:
@@ -96,6 +99,19 @@ def aborted_choices(port: int) -> float:
     return 0.0
 
 
+async def fast_streams(url: str, body: bytes, count: int) -> None:
+    """``count`` streams of ``body`` at once, each read as fast as it comes."""
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def one() -> None:
+            headers = {"Content-Type": "application/json"}
+            async with client.stream("POST", url, content=body, headers=headers) as resp:
+                async for _ in resp.aiter_bytes():
+                    continue
+
+        await asyncio.gather(*(one() for _ in range(count)))
+
+
 async def phase(port: int, pid: int, readers: int, seconds: float, body: bytes) -> dict:
     proc = psutil.Process(pid)
     loop = asyncio.get_running_loop()
@@ -145,18 +161,31 @@ def measure(
                 "logprobs": logprobs,
             }
         ).encode()
-        # Warm-up: the baseline is a server that has served one such stream, read at full
-        # speed (its first-use allocations, e.g. the token strings of its logprobs, are
-        # not the slow readers' doing).
+        # Warm-up: the baseline is a server that has served one such stream and then as
+        # many at once as there will be readers (short ones), all read at full speed: its
+        # first-use allocations (the token strings of its logprobs) and the allocator's
+        # high-water for that many running choices are not the slow readers' doing. The
+        # RSS after the one stream is reported too.
         url = f"http://127.0.0.1:{port}/v1/completions"
         json_type = {"Content-Type": "application/json"}
         with httpx.stream("POST", url, content=body, headers=json_type, timeout=600) as resp:
             for _ in resp.iter_bytes():
                 continue
+        time.sleep(3)
+        after_one = psutil.Process(server.pid).memory_info().rss
+        short = json.dumps({**json.loads(body), "max_tokens": WARM_UP_TOKENS}).encode()
+        asyncio.run(fast_streams(url, short, readers))
+        time.sleep(15)
         rounds = [asyncio.run(phase(port, server.pid, readers, seconds, body))]
         for _ in range(repeat - 1):
             rounds.append(asyncio.run(phase(port, server.pid, readers, seconds, body)))
-        result = {"flags": extra, "max_tokens": max_tokens, "logprobs": logprobs, **rounds[0]}
+        result = {
+            "flags": extra,
+            "max_tokens": max_tokens,
+            "logprobs": logprobs,
+            "rss_after_one_stream_mib": round(after_one / MiB, 1),
+            **rounds[0],
+        }
         if repeat > 1:
             result["repeats"] = rounds[1:]
         return result
