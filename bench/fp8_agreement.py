@@ -66,6 +66,11 @@ ABLATIONS = {
     "bits-4-kv": {"fake_kv": ("kv", None), "bits": 4},
     "bits-5-kv": {"fake_kv": ("kv", None), "bits": 5},
     "bits-7-kv": {"fake_kv": ("kv", None), "bits": 7},
+    # Each head's k and v rotated by one random-sign Hadamard matrix before the rounding
+    # (and q by it, the output back), the scales calibrated on the rotated cache: does
+    # spreading a head's large channels over all of them help?
+    "rotated-e4m3-kv": {"fake_kv": ("kv", None), "rotate": True},
+    "rotated-e4m3-k": {"fake_kv": ("k", None), "rotate": True},
 }
 
 
@@ -82,9 +87,21 @@ def chat_prompts(path: Path) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def calibrated_scales(path: Path) -> tuple[list, list]:
+def hadamard(size: int):
+    """An orthonormal [size, size] Hadamard matrix with random signs (fixed seed)."""
+    import torch
+
+    h = torch.ones(1, 1)
+    while h.shape[0] < size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    signs = torch.randint(0, 2, (size,), generator=torch.Generator().manual_seed(0)) * 2 - 1
+    return signs[:, None] * h / size**0.5
+
+
+def calibrated_scales(path: Path, rotation=None) -> tuple[list, list]:
     """Per layer, the k and v scales the engine calibrates ([Hkv] each), recomputed from
-    transformers' post-RoPE cache over the same tokens (in fp32)."""
+    transformers' post-RoPE cache over the same tokens (in fp32), of the cache times
+    ``rotation`` if one is given."""
     import torch
     import transformers
 
@@ -94,12 +111,13 @@ def calibrated_scales(path: Path) -> tuple[list, list]:
     ids = calibration_token_ids(path, model.config.vocab_size, 1024)
     with torch.no_grad():
         cache = model(torch.tensor([ids]), use_cache=True).past_key_values
-    ks = [scales_of_amax(layer.keys[0].abs().amax(dim=(1, 2))) for layer in cache.layers]
-    vs = [scales_of_amax(layer.values[0].abs().amax(dim=(1, 2))) for layer in cache.layers]
+    turn = (lambda x: x) if rotation is None else (lambda x: x @ rotation)
+    ks = [scales_of_amax(turn(layer.keys[0]).abs().amax(dim=(1, 2))) for layer in cache.layers]
+    vs = [scales_of_amax(turn(layer.values[0]).abs().amax(dim=(1, 2))) for layer in cache.layers]
     return ks, vs
 
 
-def install_fake_kv(path: Path, which: str, layers, bits: int | None):
+def install_fake_kv(path: Path, which: str, layers, bits: int | None, rotate: bool = False):
     """Rounds the k and/or v the torch backend stores into a 16-bit cache (``ABLATIONS``);
     returns the function that undoes it."""
     import torch
@@ -107,9 +125,18 @@ def install_fake_kv(path: Path, which: str, layers, bits: int | None):
 
     from tokenspeed_aio.model.attention import torch_backend
 
-    ks, vs = calibrated_scales(path) if bits is None else (None, None)
+    config = json.loads((path / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rotation = hadamard(head_dim) if rotate else None
+    ks, vs = calibrated_scales(path, rotation) if bits is None else (None, None)
     store, forward = torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward
+    paged = torch_backend.paged_attention
     current = [0]
+
+    def turned(x, heads_last: bool, back: bool = False):  # x [T, H, D] or [T, H * D]
+        r = rotation.to(x.dtype)
+        r = r.T if back else r
+        return x @ r if heads_last else (x.view(x.shape[0], -1, head_dim) @ r).flatten(1)
 
     def rounded(x, scales, layer):
         if bits is not None:
@@ -120,19 +147,29 @@ def install_fake_kv(path: Path, which: str, layers, bits: int | None):
 
     def fake_store(k, v, k_cache, v_cache, slot_mapping, kv_scales=None):
         layer = current[0]
+        if rotation is not None:
+            k = turned(k, True) if "k" in which else k
+            v = turned(v, True) if "v" in which else v
         if layers is None or layer in layers:
             k = rounded(k, ks, layer) if "k" in which else k
             v = rounded(v, vs, layer) if "v" in which else v
         store(k, v, k_cache, v_cache, slot_mapping, kv_scales)
+
+    def turned_attention(q, k_cache, v_cache, attn, kv_scales):  # the cache is rotated
+        out = paged(turned(q, False) if "k" in which else q, k_cache, v_cache, attn, kv_scales)
+        return turned(out, False, back=True) if "v" in which else out
 
     def fake_forward(self, q, k, v, layer_idx, ctx, *a, **kw):
         current[0] = layer_idx
         return forward(self, q, k, v, layer_idx, ctx, *a, **kw)
 
     torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward = fake_store, fake_forward
+    if rotation is not None:
+        torch_backend.paged_attention = turned_attention
 
     def undo():
         torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward = store, forward
+        torch_backend.paged_attention = paged
 
     return undo
 
@@ -200,7 +237,8 @@ def main() -> int:
         t0 = time.perf_counter()
         undo = None
         if "fake_kv" in flags:
-            undo = install_fake_kv(path, *flags.pop("fake_kv"), flags.pop("bits", None))
+            fake = (*flags.pop("fake_kv"), flags.pop("bits", None), flags.pop("rotate", False))
+            undo = install_fake_kv(path, *fake)
         try:
             runs[name] = asyncio.run(generate(path, ns.device, dtype, prompts, **flags))
         finally:
