@@ -43,7 +43,7 @@ async def test_a_trim_collects_the_cyclic_garbage_first():
     reaches: its allocations stop."""
 
     class Node:
-        pass
+        """An object that will refer to itself."""
 
     collected = []
     node = Node()
