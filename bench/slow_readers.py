@@ -167,18 +167,15 @@ def measure(
         # high-water for that many running choices are not the slow readers' doing. The
         # RSS after the one stream is reported too.
         url = f"http://127.0.0.1:{port}/v1/completions"
-        json_type = {"Content-Type": "application/json"}
-        with httpx.stream("POST", url, content=body, headers=json_type, timeout=600) as resp:
-            for _ in resp.iter_bytes():
-                continue
+        asyncio.run(fast_streams(url, body, 1))
         time.sleep(3)
         after_one = psutil.Process(server.pid).memory_info().rss
         short = json.dumps({**json.loads(body), "max_tokens": WARM_UP_TOKENS}).encode()
         asyncio.run(fast_streams(url, short, readers))
         time.sleep(15)
-        rounds = [asyncio.run(phase(port, server.pid, readers, seconds, body))]
-        for _ in range(repeat - 1):
-            rounds.append(asyncio.run(phase(port, server.pid, readers, seconds, body)))
+        rounds = [
+            asyncio.run(phase(port, server.pid, readers, seconds, body)) for _ in range(repeat)
+        ]
         result = {
             "flags": extra,
             "max_tokens": max_tokens,
