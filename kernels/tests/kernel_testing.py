@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from tokenspeed_kernels import fp8
+from tokenspeed_kernels import fp8, kv_layout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -137,3 +137,10 @@ def forward_context(batch: PagedBatch, backend, contexts, query_lens, num_layers
     k_caches = tuple(batch.k_cache.clone() for _ in range(num_layers))
     v_caches = tuple(batch.v_cache.clone() for _ in range(num_layers))
     return ForwardContext(attn=attn, backend=backend, k_caches=k_caches, v_caches=v_caches)
+
+
+def dim_major_copy(cache: torch.Tensor) -> torch.Tensor:
+    """The same values in a dim-major cache (``kv_layout``): an FP8 pool's V order."""
+    out = kv_layout.dim_major(torch.empty(cache.shape, dtype=cache.dtype, device=cache.device))
+    out.copy_(cache)
+    return out

@@ -107,10 +107,11 @@ def test_decode_single_split_equals_the_merge_of_one_split():
     _decode_split_kernel[(3, 2, 1)](
         q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, mid_o, mid_lse,
         merged, counters, q, q, 0.125 * 1.4426950408889634, 1, merged.stride(0), merged.stride(1),
-        q.stride(0), q.stride(1), *batch.k_cache.stride()[:3], *batch.v_cache.stride()[:3],
+        q.stride(0), q.stride(1), *batch.k_cache.stride()[:3], *batch.v_cache.stride(),
         batch.block_tables.stride(0), *_new_token_args(q, batch.k_cache, batch.v_cache, None),
         GROUP=4, BLOCK_H=16, HEAD_DIM=64, BLOCK_D=64, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
         BLOCK_G=4, BLOCK_S=MAX_KV_SPLITS, NEW_TOKEN=False, QK_NORM=False, PRECISE=False,
+        V_PAGES=False,
     )  # fmt: skip
     assert torch.equal(direct, merged)
     assert not counters.any()

@@ -1,10 +1,11 @@
 """FP8 (e4m3) KV caches in every kernel that writes or reads one: the stores quantize each head
 by its scale as ``fp8.quantize`` does (bit for bit), and attention over an FP8 cache equals
-attention over its dequantized values."""
+attention over its dequantized values. Each test runs with the V cache in both orders of
+``kv_layout``: token-major, and dim-major (the engine's FP8 pools)."""
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, make_paged_batch
+from kernel_testing import DEVICE, assert_close, dim_major_copy, make_paged_batch
 from tokenspeed_kernels import fp8
 from tokenspeed_kernels.decode_attention import NewToken, decode_attention
 from tokenspeed_kernels.extend_attention import extend_attention
@@ -27,14 +28,23 @@ def _scales(seed=0):
     return k, v
 
 
-def _fp8_batch(contexts, query_lens, group=2, seed=0):
+@pytest.fixture(params=["token-major", "dim-major"])
+def v_order(request):
+    return request.param
+
+
+def _ordered(v_cache, v_order):
+    return dim_major_copy(v_cache) if v_order == "dim-major" else v_cache
+
+
+def _fp8_batch(contexts, query_lens, v_order, group=2, seed=0):
     batch = make_paged_batch(
         contexts, query_lens, num_q_heads=group * HKV, num_kv_heads=HKV, head_dim=D,
         page_size=16, dtype=torch.bfloat16, seed=seed,
     )  # fmt: skip
     scales = _scales(seed)
     batch.k_cache = fp8.quantize(batch.k_cache, scales[0][:, None])
-    batch.v_cache = fp8.quantize(batch.v_cache, scales[1][:, None])
+    batch.v_cache = _ordered(fp8.quantize(batch.v_cache, scales[1][:, None]), v_order)
     return batch, scales
 
 
@@ -46,8 +56,8 @@ def _dequantized(cache, scale):
     return (cache.float() * scale[:, None]).to(torch.bfloat16)
 
 
-def test_kv_write_quantizes_each_head_by_its_scale():
-    batch, (ks, vs) = _fp8_batch([5, 0], [3, 4])
+def test_kv_write_quantizes_each_head_by_its_scale(v_order):
+    batch, (ks, vs) = _fp8_batch([5, 0], [3, 4], v_order)
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     kv_write(batch.k_new, batch.v_new, k_cache, v_cache, batch.slot_mapping, (ks, vs))
     slots = batch.slot_mapping[:-1]  # the last token is padding: written nowhere
@@ -61,10 +71,10 @@ def test_kv_write_quantizes_each_head_by_its_scale():
     assert torch.equal(flat[untouched].float(), batch.k_cache.flatten(0, 1)[untouched].float())
 
 
-def test_values_beyond_the_scales_range_saturate():
+def test_values_beyond_the_scales_range_saturate(v_order):
     """A value past 448 * scale (a later prompt above a calibrated scale's amax) stores as
     +-448, never NaN: e4m3 has no infinity and its one NaN sits right above 448."""
-    batch, (ks, vs) = _fp8_batch([5, 0], [3, 4])
+    batch, (ks, vs) = _fp8_batch([5, 0], [3, 4], v_order)
     k_new, v_new = batch.k_new * 1000, batch.v_new * 1000  # |x| / scale up to ~1e6
     assert float((k_new[:-1].float().abs() / ks[:, None]).amax()) > 448 * 100
     want_k, want_v = _quantized(k_new[:-1], ks), _quantized(v_new[:-1], vs)
@@ -86,8 +96,8 @@ def test_values_beyond_the_scales_range_saturate():
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_decode_over_an_fp8_cache_is_decode_over_its_values(splits):
-    batch, (ks, vs) = _fp8_batch([0, 40, 150], [1, 1, 1], group=4)
+def test_decode_over_an_fp8_cache_is_decode_over_its_values(splits, v_order):
+    batch, (ks, vs) = _fp8_batch([0, 40, 150], [1, 1, 1], v_order, group=4)
     out = decode_attention(
         batch.q[:3], batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125,
         splits, kv_scales=(ks, vs),
@@ -99,8 +109,8 @@ def test_decode_over_an_fp8_cache_is_decode_over_its_values(splits):
     assert_close(out, ref)
 
 
-def test_decode_new_token_store_is_the_rotary_store():
-    batch, scales = _fp8_batch([7, 33], [1, 1], group=2, seed=3)
+def test_decode_new_token_store_is_the_rotary_store(v_order):
+    batch, scales = _fp8_batch([7, 33], [1, 1], v_order, group=2, seed=3)
     cos_sin = build_cos_sin_cache(D, 256, 10000.0, None).to(DEVICE)
     positions = batch.context_lens.long()
     rows = 2
@@ -118,8 +128,8 @@ def test_decode_new_token_store_is_the_rotary_store():
     assert torch.equal(got, want)
 
 
-def test_extend_over_an_fp8_cache_is_extend_over_its_values():
-    batch, (ks, vs) = _fp8_batch([0, 20], [37, 9], group=2, seed=5)
+def test_extend_over_an_fp8_cache_is_extend_over_its_values(v_order):
+    batch, (ks, vs) = _fp8_batch([0, 20], [37, 9], v_order, group=2, seed=5)
     kv_write(batch.k_new, batch.v_new, batch.k_cache, batch.v_cache, batch.slot_mapping,
              (ks, vs))  # fmt: skip
     out = extend_attention(
@@ -133,7 +143,7 @@ def test_extend_over_an_fp8_cache_is_extend_over_its_values():
     assert_close(out[:-1], ref[:-1])
 
 
-def test_fp8_qkv_product_with_rope_and_fp8_kv_epilogue_is_the_unfused_pair():
+def test_fp8_qkv_product_with_rope_and_fp8_kv_epilogue_is_the_unfused_pair(v_order):
     hq, k_dim = 4, 128
     rows = (hq + 2 * HKV) * D
     wq, s = fp8.quantize_weight(torch.randn(rows, k_dim) / k_dim**0.5, "channel")
@@ -146,8 +156,8 @@ def test_fp8_qkv_product_with_rope_and_fp8_kv_epilogue_is_the_unfused_pair():
     slot = torch.tensor([37], device=DEVICE)
     scales = _scales(9)
     shape = (4, 16, HKV, D)
-    fused = [torch.zeros(shape, dtype=fp8.FP8, device=DEVICE) for _ in range(2)]
-    plain = [torch.zeros(shape, dtype=fp8.FP8, device=DEVICE) for _ in range(2)]
+    zeros = torch.zeros(shape, dtype=fp8.FP8, device=DEVICE)
+    fused, plain = ([zeros.clone(), _ordered(zeros, v_order).clone()] for _ in range(2))
     config = (8, 128, 4, 1, True)
     q, h = norm_gemv_rope_kv(x, r, g, 1e-6, w, None, positions, cos_sin, *fused, slot, config,
                              scales)  # fmt: skip

@@ -3,7 +3,8 @@
 Layout contract::
 
     q:            [B, num_q_heads, head_dim]           (head_dim contiguous; rows may be strided)
-    k/v_cache:    [num_blocks, page_size, num_kv_heads, head_dim]
+    k/v_cache:    [num_blocks, page_size, num_kv_heads, head_dim]  (K token-major; V token-
+                  or dim-major, ``kv_layout``)
     block_tables: [B, max_blocks] int32                (0 = null block)
     seq_lens:     [B] int32                             keys attended: positions [0, seq_lens[b])
     out:          [B, num_q_heads, head_dim], q's dtype (0 for rows with seq_len 0)
@@ -74,8 +75,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import precise_math
-from tokenspeed_kernels.attention_tiles import attend_keys, head_scales
+from tokenspeed_kernels import kv_layout, precise_math
+from tokenspeed_kernels.attention_tiles import attend_keys, head_scales, reads_pages
 from tokenspeed_kernels.fp8 import cache_scales
 from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_heads, store_kv_slot
 
@@ -123,6 +124,7 @@ def _decode_split_kernel(
     stride_vb,
     stride_vp,
     stride_vh,
+    stride_vd,
     stride_bt,
     K_new,  # NEW_TOKEN's operands (module doc), unread without it
     V_new,
@@ -150,6 +152,7 @@ def _decode_split_kernel(
     NEW_TOKEN: tl.constexpr,  # Q is the raw query; norm, rotate and store first (module doc)
     QK_NORM: tl.constexpr,
     PRECISE: tl.constexpr,  # precise_math.PRECISE_MATH: NEW_TOKEN's products round alone
+    V_PAGES: tl.constexpr,  # a dim-major V cache read a page at a time (``attend_keys``)
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -184,7 +187,8 @@ def _decode_split_kernel(
             )  # fmt: skip
             store_kv_slot(
                 k1, k2, V_new, K_cache, V_cache, Slot_mapping, K_scale, V_scale, row, kv_head,
-                stride_vnt, stride_slot, offs_half, HALF,
+                stride_vnt, stride_slot, stride_vb, stride_vp, stride_vh, stride_vd, PAGE_SIZE,
+                offs_half, HALF,
             )  # fmt: skip
             tl.debug_barrier()
     if start < end:
@@ -209,8 +213,8 @@ def _decode_split_kernel(
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, offs_h, start, end,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
-            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-            PAGE_SIZE, BLOCK_N, False,
+            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh, stride_vd,
+            PAGE_SIZE, BLOCK_N, False, V_PAGES,
         )  # fmt: skip
 
         o = acc / l_i[:, None] * v_scale
@@ -293,7 +297,7 @@ def _new_token_args(q: torch.Tensor, k_cache, v_cache, new: NewToken | None) -> 
     assert cos_sin.dtype == torch.float32
     assert k.shape == v.shape == (batch, num_kv_heads, head_dim) and k.stride(2) == 1
     assert positions.shape == slot_mapping.shape == (batch,)
-    stride_vt, stride_slot = kv_store_strides(k, v, k_cache, v_cache)
+    stride_vt, stride_slot, *_ = kv_store_strides(k, v, k_cache, v_cache)
     q_weight, k_weight, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     if qk_norm is not None:
         for w in (q_weight, k_weight):
@@ -333,7 +337,8 @@ def decode_attention(
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads"
-    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1
+    v_strides = kv_layout.strides(v_cache)
     assert 1 <= num_kv_splits <= MAX_KV_SPLITS, f"num_kv_splits must be in [1, {MAX_KV_SPLITS}]"
     group = num_q_heads // num_kv_heads
     if out is None:
@@ -362,14 +367,14 @@ def decode_attention(
         k_scale, v_scale, scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), *_new_token_args(q, k_cache, v_cache, new_token),
+        *v_strides, block_tables.stride(0), *_new_token_args(q, k_cache, v_cache, new_token),
         GROUP=group, BLOCK_H=block_h, HEAD_DIM=head_dim, BLOCK_D=block_d,
         PAGE_SIZE=page_size, BLOCK_N=block_n, DIRECT=direct,
         BLOCK_G=triton.next_power_of_2(group), BLOCK_S=MAX_KV_SPLITS,
         NEW_TOKEN=new_token is not None,
         QK_NORM=new_token is not None and new_token.qk_norm is not None,
-        PRECISE=precise_math.PRECISE_MATH, num_warps=num_warps, num_stages=num_stages,
-        **registers,
+        PRECISE=precise_math.PRECISE_MATH,
+        V_PAGES=reads_pages(v_cache, block_n, block_d), num_warps=num_warps,
+        num_stages=num_stages, **registers,
     )  # fmt: skip
     return out

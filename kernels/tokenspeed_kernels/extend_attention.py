@@ -3,8 +3,9 @@
 Layout contract::
 
     q:               [num_tokens, num_q_heads, head_dim]  (head_dim contiguous)
-    k/v_cache:       [num_blocks, page_size, num_kv_heads, head_dim], already holding the new
-                     tokens' keys/values (kv_write runs first), so every key is read from it
+    k/v_cache:       [num_blocks, page_size, num_kv_heads, head_dim] (K token-major, V token-
+                     or dim-major: ``kv_layout``), already holding the new tokens' keys/values
+                     (kv_write runs first), so every key is read from it
     block_tables:    [B, max_blocks] int32
     query_start_loc: [B + 1] int32, row b's queries are tokens [query_start_loc[b], [b+1])
     seq_lens:        [B] int32, keys after this forward; context = seq_len - query_len
@@ -32,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels.attention_tiles import attend_keys, head_scales
+from tokenspeed_kernels import kv_layout
+from tokenspeed_kernels.attention_tiles import attend_keys, head_scales, reads_pages
 from tokenspeed_kernels.fp8 import cache_scales
 
 BLOCK_M = 64
@@ -62,6 +64,7 @@ def _extend_kernel(
     stride_vb,
     stride_vp,
     stride_vh,
+    stride_vd,
     stride_bt,
     row_start,
     GROUP: tl.constexpr,
@@ -70,6 +73,7 @@ def _extend_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    V_PAGES: tl.constexpr,  # a dim-major V cache read a page at a time (``attend_keys``)
 ):
     head = tl.program_id(0)
     # The last query blocks of a row see the most keys: launch them first.
@@ -105,14 +109,14 @@ def _extend_kernel(
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, q_pos, 0, full_hi,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
-            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-            PAGE_SIZE, BLOCK_N, False,
+            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh, stride_vd,
+            PAGE_SIZE, BLOCK_N, False, V_PAGES,
         )  # fmt: skip
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, q_pos, full_hi, kv_hi,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
-            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-            PAGE_SIZE, BLOCK_N, True,
+            stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh, stride_vd,
+            PAGE_SIZE, BLOCK_N, True, V_PAGES,
         )  # fmt: skip
         tl.store(
             Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -145,7 +149,8 @@ def extend_attention(
     _, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads"
-    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1
+    v_strides = kv_layout.strides(v_cache)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     batch = block_tables.shape[0] - row_start
@@ -158,10 +163,11 @@ def extend_attention(
         scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), row_start,
+        *v_strides, block_tables.stride(0), row_start,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        V_PAGES=reads_pages(v_cache, BLOCK_N, triton.next_power_of_2(head_dim)),
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -4,7 +4,8 @@ with ``rotary.apply_rotary(..., kv_store=...)`` after it, in one launch (whole h
 
     weight: [(Hq + 2 Hkv) * D, K]: q heads, then k heads, then v heads, D rows each
     positions, slot_mapping: [1] device tensors the kernel reads (CUDA-graph safe)
-    cos_sin_cache: [max_position, D] fp32; k/v_cache: [num_blocks, page_size, Hkv, D]
+    cos_sin_cache: [max_position, D] fp32; k/v_cache: [num_blocks, page_size, Hkv, D] (K
+                   token-major, V token- or dim-major: ``kv_layout``)
     returns (q [1, Hq * D] rotated, h); the rotated k and the v go to the slot (-1: nowhere)
 
 A program owns ``BLOCK_HALF`` features of one head in both its halves, so RoPE's pairs are in
@@ -30,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import fp8_jit, pdl, precise_math, tuning
+from tokenspeed_kernels import fp8_jit, kv_layout, kv_layout_jit, pdl, precise_math, tuning
 from tokenspeed_kernels.fp8 import cache_scales
 from tokenspeed_kernels.gemv import (
     NORM_DEFAULT,
@@ -44,12 +45,12 @@ from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
 
 @triton.jit
-def _store_halves(ptr, x1, x2, offs, HALF: tl.constexpr, stores, scale):
-    """x1 at ``ptr + offs`` and x2 HALF on, as ptr's dtype (an FP8 cache's: by ``scale``,
-    ``fp8_jit.to_cache``), if the scalar ``stores``."""
+def _store_halves(ptr, x1, x2, offs, HALF: tl.constexpr, stores, scale, stride):
+    """x1 at ``ptr + offs * stride`` and x2 HALF on, as ptr's dtype (an FP8 cache's: by
+    ``scale``, ``fp8_jit.to_cache``), if the scalar ``stores``."""
     mask = offs < tl.where(stores, HALF, 0)  # (the interpreter can't AND a scalar into a mask)
-    tl.store(ptr + offs, fp8_jit.to_cache(x1, ptr, scale), mask=mask)
-    tl.store(ptr + offs + HALF, fp8_jit.to_cache(x2, ptr, scale), mask=mask)
+    tl.store(ptr + offs * stride, fp8_jit.to_cache(x1, ptr, scale), mask=mask)
+    tl.store(ptr + (offs + HALF) * stride, fp8_jit.to_cache(x2, ptr, scale), mask=mask)
 
 
 @triton.jit
@@ -57,6 +58,7 @@ def _gemv_rope_kv_kernel(
     X, W, Bias, Q, Residual, NormW, ResidualOut, W_scale, X_scale, stride_ws,
     Positions, Cos_sin, K_cache, V_cache, Slot_mapping, K_scale, V_scale,
     K, stride_wn, stride_cs, stride_slot, eps,
+    stride_vb, stride_vp, stride_vh, stride_vd, page_size,  # the V cache's (``kv_layout``)
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr,
@@ -89,10 +91,13 @@ def _gemv_rope_kv_kernel(
     cache_head = tl.where(kv_head >= 0, kv_head % NUM_KV_HEADS, 0)
     k_scale = tl.load(K_scale + cache_head)  # an FP8 cache's per-head scales
     v_scale = tl.load(V_scale + cache_head)
-    _store_halves(Q + head * (2 * HALF), o1, o2, offs, HALF, kv_head < 0, 1.0)
-    _store_halves(K_cache + in_slot, o1, o2, offs, HALF, (slot >= 0) & is_k, k_scale)
-    _store_halves(V_cache + in_slot, x1, x2, offs, HALF, (slot >= 0) & (kv_head >= NUM_KV_HEADS),
-                  v_scale)  # fmt: skip
+    v_slot = (
+        kv_layout_jit.slot_offset(slot, page_size, stride_vb, stride_vp) + cache_head * stride_vh
+    )
+    _store_halves(Q + head * (2 * HALF), o1, o2, offs, HALF, kv_head < 0, 1.0, 1)
+    _store_halves(K_cache + in_slot, o1, o2, offs, HALF, (slot >= 0) & is_k, k_scale, 1)
+    _store_halves(V_cache + v_slot, x1, x2, offs, HALF, (slot >= 0) & (kv_head >= NUM_KV_HEADS),
+                  v_scale, stride_vd)  # fmt: skip
 
 
 def rope_kv_configs(
@@ -146,7 +151,8 @@ def norm_gemv_rope_kv(
     assert cos_sin_cache.shape[1] == head_dim and head_dim % 2 == 0, "RoPE on whole heads"
     assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1
     assert positions.numel() == 1 and slot_mapping.numel() == 1
-    assert v_cache.shape == k_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert v_cache.shape == k_cache.shape and k_cache.is_contiguous()
+    v_strides = kv_layout.strides(v_cache)
     config = config or rope_kv_config(rows, k, x.device)
     block_half, block_k, num_warps, num_stages, two_pass = config
     check_tiles(weight, block_k, True, two_pass)
@@ -157,7 +163,8 @@ def norm_gemv_rope_kv(
     args, fp8_flags = pointer_args(x, weight, bias, q, norm_weight, residual, h)
     _gemv_rope_kv_kernel[grid](
         *args, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale,
-        k, k, cos_sin_cache.stride(0), num_kv_heads * head_dim, eps,
+        k, k, cos_sin_cache.stride(0), num_kv_heads * head_dim, eps, *v_strides,
+        k_cache.shape[1],
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, BLOCK_HALF=block_half,
         BLOCK_K=block_k, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         TWO_PASS=two_pass, PRECISE=precise_math.PRECISE_MATH,

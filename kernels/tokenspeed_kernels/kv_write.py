@@ -4,7 +4,8 @@ Layout contract::
 
     k, v:          [num_tokens, num_kv_heads, head_dim]  (each token's heads contiguous;
                                                           tokens may be strided, e.g. qkv views)
-    k/v_cache:     [num_blocks, page_size, num_kv_heads, head_dim], contiguous per token slot
+    k_cache:       [num_blocks, page_size, num_kv_heads, head_dim], token-major
+    v_cache:       the same shape, token- or dim-major (``kv_layout``)
     slot_mapping:  [num_tokens] int64, block * page_size + offset; -1 = padding, not written
 
 One program per token copies its ``num_kv_heads * head_dim`` values of k and of v, cast to
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import fp8_jit
+from tokenspeed_kernels import fp8_jit, kv_layout, kv_layout_jit
 from tokenspeed_kernels.fp8 import cache_scales
 
 
@@ -35,7 +36,11 @@ def _kv_write_kernel(
     stride_kt,
     stride_vt,
     stride_k_slot,
-    stride_v_slot,
+    stride_vb,  # v_cache's (block, page, head, dim) strides (``kv_layout``)
+    stride_vp,
+    stride_vh,
+    stride_vd,
+    PAGE_SIZE: tl.constexpr,
     ROW: tl.constexpr,  # num_kv_heads * head_dim
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -48,9 +53,10 @@ def _kv_write_kernel(
     k = tl.load(K + token.to(tl.int64) * stride_kt + offs, mask=mask)
     v = tl.load(V + token.to(tl.int64) * stride_vt + offs, mask=mask)
     k_cache = K_cache + slot * stride_k_slot + offs
-    v_cache = V_cache + slot * stride_v_slot + offs
+    head = offs // HEAD_DIM
+    v_cache = (V_cache + kv_layout_jit.slot_offset(slot, PAGE_SIZE, stride_vb, stride_vp)
+               + head * stride_vh + (offs % HEAD_DIM) * stride_vd)  # fmt: skip
     if K_cache.dtype.element_ty == tl.float8e4nv:
-        head = offs // HEAD_DIM
         k_scale = tl.load(K_scale + head, mask=mask, other=1.0)
         v_scale = tl.load(V_scale + head, mask=mask, other=1.0)
     else:
@@ -74,15 +80,14 @@ def kv_write(
     for x in (k, v):
         assert x.stride(2) == 1 and x.stride(1) == head_dim, "each token's heads must be contiguous"
     page_size = k_cache.shape[1]
-    for cache in (k_cache, v_cache):
-        # slot * stride(1) addresses (block, offset) only when blocks are packed back to back.
-        assert cache.stride(0) == page_size * row and cache.stride(1) == row
-        assert cache.stride(2) == head_dim and cache.stride(3) == 1
+    # slot * stride(1) addresses k's (block, offset): blocks packed back to back, token-major.
+    assert kv_layout.strides(k_cache)[3] == 1 and k_cache.stride(1) == row
+    v_strides = kv_layout.strides(v_cache)
     if num_tokens == 0:
         return
     k_scale, v_scale = cache_scales(k_cache, kv_scales)
     _kv_write_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
-        k.stride(0), v.stride(0), k_cache.stride(1), v_cache.stride(1),
+        k.stride(0), v.stride(0), k_cache.stride(1), *v_strides, PAGE_SIZE=page_size,
         ROW=row, HEAD_DIM=head_dim, BLOCK=triton.next_power_of_2(row), num_warps=4,
     )  # fmt: skip

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from tokenspeed_kernels import kv_layout
+
 
 def kv_write_reference(
     k: torch.Tensor,
@@ -19,8 +21,9 @@ def kv_write_reference(
     """Scatter k/v [T, Hkv, D] into the caches at ``slot_mapping`` (-1: skip)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+    block, offset = kv_layout.slots(k_cache, slots)  # either order
+    k_cache[block, offset] = k[keep].to(k_cache.dtype)
+    v_cache[block, offset] = v[keep].to(v_cache.dtype)
 
 
 def paged_attention_reference(

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernels import fp8_jit
+from tokenspeed_kernels import fp8_jit, kv_layout, kv_layout_jit
 from tokenspeed_kernels.fp8 import cache_scales
 from tokenspeed_kernels.precise_math import mul_rn
 
@@ -152,10 +152,13 @@ def _rotate_heads(
 @triton.jit
 def store_kv_slot(
     k1, k2, V, K_cache, V_cache, Slot_mapping, K_scale, V_scale, token, kv_head, stride_vt,
-    stride_slot, offs, HALF: tl.constexpr,
+    stride_slot, stride_vb, stride_vp, stride_vh, stride_vd, page_size, offs,
+    HALF: tl.constexpr,
 ):  # fmt: skip
     """Write one token's kv head: its rotated halves k1, k2 ([1, BLOCK_HALF]) and its v (read
-    from V) at the token's slot of the caches; slot -1 (padding) writes nothing. An FP8 cache
+    from V) at the token's slot of the caches; slot -1 (padding) writes nothing. The K cache
+    is token-major (slot s at ``s * stride_slot``), the V cache either order of
+    ``kv_layout`` (``stride_vb`` .. ``stride_vd``: its block, page, head and dim strides). An FP8 cache
     stores them divided by the head's scale (``K_scale``/``V_scale`` [num_kv_heads] fp32,
     unread for a 16-bit cache; ``fp8_jit.to_cache``)."""
     slot = tl.load(Slot_mapping + token)
@@ -171,10 +174,11 @@ def store_kv_slot(
     tl.store(k_ptr, fp8_jit.to_cache(k1, k_ptr, k_scale), mask=mask)
     tl.store(k_ptr + HALF, fp8_jit.to_cache(k2, k_ptr, k_scale), mask=mask)
     v_ptr = V + token.to(tl.int64) * stride_vt + heads + offs[None, :]
-    v_out = V_cache + slot * stride_slot + heads + offs[None, :]
+    v_out = (V_cache + kv_layout_jit.slot_offset(slot, page_size, stride_vb, stride_vp)
+             + kv_head * stride_vh + offs[None, :] * stride_vd)  # fmt: skip
     tl.store(v_out, fp8_jit.to_cache(tl.load(v_ptr, mask=mask), v_out, v_scale), mask=mask)
     v_hi = tl.load(v_ptr + HALF, mask=mask)
-    tl.store(v_out + HALF, fp8_jit.to_cache(v_hi, v_out, v_scale), mask=mask)
+    tl.store(v_out + HALF * stride_vd, fp8_jit.to_cache(v_hi, v_out, v_scale), mask=mask)
 
 
 @triton.jit
@@ -195,7 +199,12 @@ def _rotary_kernel(
     K_scale,  # an FP8 cache's [num_kv_heads] fp32 scales (``store_kv_slot``)
     V_scale,
     stride_vt,
-    stride_slot,  # of both caches: one token's [num_kv_heads, head_dim] values
+    stride_slot,  # of the K cache: one token's [num_kv_heads, head_dim] values
+    stride_vb,  # the V cache's (``store_kv_slot``)
+    stride_vp,
+    stride_vh,
+    stride_vd,
+    page_size,
     Q_weight,
     K_weight,
     eps,
@@ -224,22 +233,21 @@ def _rotary_kernel(
     if STORE_KV:
         store_kv_slot(
             k1, k2, V, K_cache, V_cache, Slot_mapping, K_scale, V_scale, token, kv_head,
-            stride_vt, stride_slot, offs, HALF,
+            stride_vt, stride_slot, stride_vb, stride_vp, stride_vh, stride_vd, page_size,
+            offs, HALF,
         )  # fmt: skip
 
 
 def kv_store_strides(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
-) -> tuple[int, int]:
-    """``store_kv_slot``'s ``stride_vt`` and ``stride_slot`` after checking the layouts it
-    assumes: k's and v's heads back to back, caches packed (slot s at ``s * stride_slot``)."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+) -> tuple[int, ...]:
+    """``store_kv_slot``'s ``stride_vt``, ``stride_slot``, the V cache's four strides and
+    the page size, after checking the layouts it assumes: k's and v's heads back to back,
+    caches packed, K token-major (``kv_layout``)."""
+    head_dim = k.shape[2]
     assert k.stride(1) == head_dim and v.stride(1) == head_dim and v.stride(2) == 1
-    row = num_kv_heads * head_dim
-    for cache in (k_cache, v_cache):
-        assert cache.stride(1) == row and cache.stride(2) == head_dim and cache.stride(3) == 1
-        assert cache.stride(0) == cache.shape[1] * row, "blocks packed back to back"
-    return v.stride(0), row
+    assert kv_layout.strides(k_cache)[3] == 1, "a token-major K cache"
+    return (v.stride(0), k_cache.stride(1), *kv_layout.strides(v_cache), k_cache.shape[1])
 
 
 def apply_rotary(
@@ -264,11 +272,12 @@ def apply_rotary(
         return
     half = rotary_dim // 2
     if kv_store is None:
-        v, k_cache, v_cache, slot_mapping, stride_vt, stride_slot = k, k, k, positions, 0, 0
+        v, k_cache, v_cache, slot_mapping = k, k, k, positions
+        store_strides = (0,) * 7
     else:
         v, k_cache, v_cache, slot_mapping = kv_store
         assert rotary_dim == head_dim, "the fused cache write rotates whole heads"
-        stride_vt, stride_slot = kv_store_strides(k, v, k_cache, v_cache)
+        store_strides = kv_store_strides(k, v, k_cache, v_cache)
     k_scale, v_scale = cache_scales(k_cache, kv_scales)
     if qk_norm is None:
         q_weight, k_weight, eps = q, k, 0.0
@@ -282,7 +291,7 @@ def apply_rotary(
     _rotary_kernel[(num_tokens, num_kv_heads)](
         q, k, positions, cos_sin_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        v, k_cache, v_cache, slot_mapping, k_scale, v_scale, stride_vt, stride_slot,
+        v, k_cache, v_cache, slot_mapping, k_scale, v_scale, *store_strides,
         q_weight, k_weight, eps, head_dim,
         GROUP=group, BLOCK_QH=triton.next_power_of_2(group),
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=kv_store is not None,

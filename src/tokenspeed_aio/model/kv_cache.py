@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from tokenspeed_kernels import kv_layout
 
 from tokenspeed_aio.model.parallel import divide
 
@@ -57,12 +58,17 @@ def allocate_kv_pool(
 
 
 def kv_cache_views(pool: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Per-layer K and V caches [num_blocks, page_size, num_kv_heads, head_dim] (contiguous
-    views of the pool)."""
+    """Per-layer K and V caches [num_blocks, page_size, num_kv_heads, head_dim], views of the
+    pool: token-major, except an FP8 pool's V caches, which are dim-major (``kv_layout``:
+    the decode kernel's probabilities x V product reads them a page at a time). A block's
+    bytes stay one run either way."""
     layers = range(pool.shape[1])
     # pool[kv, layer] selects one view each (unbinding would make views that an in-place
     # write outside inference mode refuses).
-    return tuple(pool[0, i] for i in layers), tuple(pool[1, i] for i in layers)
+    values = tuple(pool[1, i] for i in layers)
+    if pool.dtype == torch.float8_e4m3fn:
+        values = tuple(kv_layout.dim_major(v) for v in values)
+    return tuple(pool[0, i] for i in layers), values
 
 
 def allocate_kv_cache(*shape, **where) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tokenspeed_kernels.kv_layout import blocks_packed
+
 from tokenspeed_aio.pd.messages import KvLayout
 
 
@@ -14,8 +16,8 @@ def kv_layout(k_caches: Sequence, v_caches: Sequence, tp_size: int) -> KvLayout:
     num_blocks, page_size = k0.shape[0], k0.shape[1]
     page_bytes = k0[0].numel() * k0.element_size()
     for cache in (*k_caches, *v_caches):
-        if not cache.is_contiguous():
-            raise ValueError("the KV transfer needs contiguous per-layer KV caches")
+        if not blocks_packed(cache):
+            raise ValueError("the KV transfer needs per-layer KV caches of packed blocks")
     return KvLayout(
         num_layers=len(k_caches),
         page_size=page_size,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from tokenspeed_kernels import fp8
+from tokenspeed_kernels import fp8, kv_layout
 
 from tokenspeed_aio.model.attention.base import AttentionBackend
 from tokenspeed_aio.model.attention.invariant import invariant_attention
@@ -39,16 +39,15 @@ def store_kv(
     NOTE: skipping -1 without a host sync: such tokens are pointed at slot 0 (the null
     block, never a real token's slot) and write back the value already there.
     """
-    k_flat, v_flat = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
-    slots = slot_mapping.clamp(min=0)
+    slots = kv_layout.slots(k_cache, slot_mapping.clamp(min=0))  # either order of kv_layout
     valid = (slot_mapping >= 0)[:, None, None]
     if k_cache.dtype == fp8.FP8:  # where() has no e4m3 kernel: select the bytes
         k_scale, v_scale = kv_scales
         k = fp8.quantize(k, k_scale[None, :, None]).view(torch.uint8)
         v = fp8.quantize(v, v_scale[None, :, None]).view(torch.uint8)
-        k_flat, v_flat = k_flat.view(torch.uint8), v_flat.view(torch.uint8)
-    k_flat[slots] = torch.where(valid, k.to(k_flat.dtype), k_flat[slots])
-    v_flat[slots] = torch.where(valid, v.to(v_flat.dtype), v_flat[slots])
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    k_cache[slots] = torch.where(valid, k.to(k_cache.dtype), k_cache[slots])
+    v_cache[slots] = torch.where(valid, v.to(v_cache.dtype), v_cache[slots])
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -102,9 +101,9 @@ def paged_attention(
     # Keys/values of every row at positions [0, max_seq_len), through its block table.
     key_pos = torch.arange(attn.max_seq_len, device=device)
     blocks = attn.block_tables[:, key_pos // page_size].long()
-    slots = blocks * page_size + key_pos % page_size  # [B, S]
-    keys = k_cache.flatten(0, 1)[slots].float()  # [B, S, Hkv, D]
-    values = v_cache.flatten(0, 1)[slots].float()
+    offsets = (key_pos % page_size).expand_as(blocks)  # [B, S]
+    keys = k_cache[blocks, offsets].float()  # [B, S, Hkv, D]
+    values = v_cache[blocks, offsets].float()
     if k_cache.dtype == fp8.FP8:
         k_scale, v_scale = kv_scales
         keys, values = keys * k_scale[:, None], values * v_scale[:, None]
