@@ -27,6 +27,7 @@ from bench_kernels import (
     paged_batch,
     run_info,
 )
+from tokenspeed_kernels import kv_layout
 from tokenspeed_kernels.decode_attention import (
     TILES,
     NewToken,
@@ -70,15 +71,16 @@ def bench_case(
     fused: bool = False,
 ) -> dict:
     q, k_cache, v_cache, block_tables, seq_lens = paged_batch(batch, context)
-    if layout == "head":
-        k_cache, v_cache = head_major(k_cache), head_major(v_cache)
     scales = None
-    if fp8:
-        k_cache, v_cache = (
-            torch.empty_like(c, dtype=torch.float8_e4m3fn).copy_(c) for c in (k_cache, v_cache)
-        )
+    if fp8:  # the engine's FP8 pool: V dim-major (kv_layout)
+        k_cache = torch.empty_like(k_cache, dtype=torch.float8_e4m3fn).copy_(k_cache)
+        v_cache = kv_layout.dim_major(torch.empty_like(k_cache)).copy_(v_cache)
         ones = torch.ones(NUM_KV_HEADS, dtype=torch.float32, device="cuda")
         scales = (ones, ones)
+    if layout == "head":
+        k_cache = head_major(k_cache)
+        if not fp8:
+            v_cache = head_major(v_cache)
     out = torch.empty_like(q)
     counters = torch.zeros(batch * NUM_KV_HEADS, dtype=torch.int32, device="cuda")
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
@@ -124,13 +126,14 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here (after every case)")
     parser.add_argument("--kv", choices=("bf16", "fp8"), help="only this cache dtype")
     parser.add_argument("--case", help="only BATCH:CONTEXT")
-    parser.add_argument("--tiles", help="only KEYSxWARPSxSTAGES[xREGISTERS]")
+    parser.add_argument("--tiles", help="only these KEYSxWARPSxSTAGES[xREGISTERS], comma-separated")
     parser.add_argument(
         "--layout",
         choices=("token", "head"),
         default="token",
         help="the caches' memory order: the engine's [block, page, head, dim], or each "
-        "page's tokens of one head together (the same strided view)",
+        "page's tokens of one head together (the same strided view; an FP8 V cache is "
+        "dim-major either way)",
     )
     parser.add_argument(
         "--new-token",
@@ -144,7 +147,7 @@ def main() -> None:
     copy = copy_bandwidth()
     results = []
     cases = [tuple(map(int, args.case.split(":")))] if args.case else CASES
-    tiles = [tuple(map(int, args.tiles.split("x")))] if args.tiles else None
+    tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")] if args.tiles else None
     kvs = (args.kv == "fp8",) if args.kv else (False, True)
     for fp8, (batch, context) in itertools.product(kvs, cases):
         r = bench_case(batch, context, fp8, num_sms, tiles, args.layout, args.new_token)
