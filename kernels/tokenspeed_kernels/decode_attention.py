@@ -83,8 +83,9 @@ from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_he
 # (keys per tile, warps, pipeline stages, registers per thread or None) by the cache's bytes
 # per value. The loop over a split's keys is latency-bound: a tile's gather, widening and two
 # small products run back to back, so what the SM holds in flight sets the bandwidth
-# (kernels/bench_attention_tiles.py). An e4m3 tile's widened K and V take 204 registers a
-# thread uncapped, two programs per SM; capped at 128 (a few spills), four fit.
+# (kernels/bench_attention_tiles.py). An e4m3 tile's widened K and V take about 150
+# registers a thread uncapped (V dim-major, kv_layout), three programs per SM; capped at 128
+# (a few spills), four fit, and that tile stays the fastest.
 TILES = {1: (128, 4, 2, 128), 2: (64, 4, 2, None), 4: (64, 4, 2, None)}
 MAX_KV_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, merge) than it saves
