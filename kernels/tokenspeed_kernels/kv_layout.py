@@ -46,15 +46,18 @@ def is_dim_major(cache: torch.Tensor) -> bool:
 
 
 def strides(cache: torch.Tensor) -> tuple[int, int, int, int]:
-    """``(block, page, head, dim)`` strides of a cache after checking it is one of the
+    """``(block, page, head, dim)`` strides of a cache; ValueError unless it is in one of the
     module's two orders, blocks packed back to back."""
     _, page_size, heads, head_dim = cache.shape
     s_block, s_page, s_head, s_dim = cache.stride()
-    assert s_block == page_size * heads * head_dim, "blocks packed back to back"
     if is_dim_major(cache):
-        assert (s_head, s_dim) == (head_dim * page_size, page_size), "dim-major pages"
+        packed = (s_head, s_dim) == (head_dim * page_size, page_size)
     else:
-        assert (s_page, s_head, s_dim) == (heads * head_dim, head_dim, 1), "token-major pages"
+        packed = (s_page, s_head, s_dim) == (heads * head_dim, head_dim, 1)
+    if not packed or s_block != page_size * heads * head_dim:
+        raise ValueError(
+            f"a KV cache of packed token- or dim-major blocks, not strides {cache.stride()}"
+        )
     return s_block, s_page, s_head, s_dim
 
 
@@ -62,7 +65,7 @@ def blocks_packed(cache: torch.Tensor) -> bool:
     """Whether ``cache`` is in one of the module's orders (a block one contiguous span)."""
     try:
         strides(cache)
-    except AssertionError:
+    except ValueError:
         return False
     return True
 
