@@ -19,8 +19,8 @@ which keeps each load coalesced. A dim-major V cache (an FP8 pool's) is read a p
 where the tiles hold whole pages (``reads_pages``): each page's head is one contiguous run,
 loaded as it lies and transposed to the tile in shared memory, so the probabilities x V
 product finds consecutive tokens side by side; a page's slots past ``n_hi`` are read too
-(finite by ``kv_layout``'s rule) and weighted by zero. Elsewhere a dim-major cache is gathered token
-by token through its strides: correct, not coalesced.
+(finite by ``kv_layout``'s rule) and weighted by zero. Elsewhere a dim-major cache is
+gathered token by token through its strides: correct, not coalesced.
 """
 
 from __future__ import annotations

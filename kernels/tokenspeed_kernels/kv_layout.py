@@ -16,8 +16,9 @@ one run of bytes (host tiers, transfers). Inside a block the order is one of two
 
 A slot ``s`` (``block * page_size + offset``) addresses ``(s // page_size) * stride(0) +
 (s % page_size) * stride(1)``, then ``head * stride(2) + dim * stride(3)``: ``strides``
-and the kernels' ``kv_layout_jit.slot_offset`` serve both orders (this module stays free of
-Triton, as ``fp8`` does: the engine's CPU path imports it), so writers and readers take any cache this module allows.
+and the kernels' ``kv_layout_jit.slot_offset`` serve both orders, so writers and readers
+take any cache this module allows. This module stays free of Triton, as ``fp8`` does: the
+engine's CPU path imports it.
 
 The decode and extend kernels read a dim-major V cache a whole page at a time, so the slots
 of a sequence's last page past its length are read too, weighted by zero: they must hold

@@ -158,9 +158,9 @@ def store_kv_slot(
     """Write one token's kv head: its rotated halves k1, k2 ([1, BLOCK_HALF]) and its v (read
     from V) at the token's slot of the caches; slot -1 (padding) writes nothing. The K cache
     is token-major (slot s at ``s * stride_slot``), the V cache either order of
-    ``kv_layout`` (``stride_vb`` .. ``stride_vd``: its block, page, head and dim strides). An FP8 cache
-    stores them divided by the head's scale (``K_scale``/``V_scale`` [num_kv_heads] fp32,
-    unread for a 16-bit cache; ``fp8_jit.to_cache``)."""
+    ``kv_layout`` (``stride_vb`` .. ``stride_vd``: its block, page, head and dim strides).
+    An FP8 cache stores them divided by the head's scale (``K_scale``/``V_scale``
+    [num_kv_heads] fp32, unread for a 16-bit cache; ``fp8_jit.to_cache``)."""
     slot = tl.load(Slot_mapping + token)
     # Heads of a cache slot are back to back: head h's values start at h * 2 * HALF.
     heads = (kv_head + tl.arange(0, 1))[:, None] * (2 * HALF)
