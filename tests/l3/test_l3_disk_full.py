@@ -114,8 +114,10 @@ def test_a_full_storage_directory_fails_puts_cleanly(small_disk, tmp_path):
         failed = metric(engine.url, 'l3_ops_total{kind="put",outcome="failed"}')
         stored = metric(engine.url, 'l3_ops_total{kind="put",outcome="ok"}')
         assert failed > 0, "the disk never filled"
+        # A PUT writes its pages one object at a time, so the one that fills the disk
+        # leaves those before it: objects are on disk even when no PUT completed.
         sizes = page_sizes(small_disk)
-        assert stored > 0 and len(sizes) == 1, sizes  # every object holds a whole page
+        assert len(sizes) == 1, sizes  # some objects, and every one holds a whole page
         again = asyncio.run(_again(engine.url, prompts[:3], greedy))
         assert again == want[:3]
         wait_clean(engine.url)
