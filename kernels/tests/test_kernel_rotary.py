@@ -1,6 +1,6 @@
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, gpu_test
+from kernel_testing import DEVICE, assert_close, assert_equal_unless_normed_on_gpu, gpu_test
 from tokenspeed_kernels.reference import rotary_reference
 from tokenspeed_kernels.rotary import apply_rotary
 
@@ -139,8 +139,11 @@ def test_rotary_with_qk_norm_equals_rms_norm_then_rotary(
 
     store = (v, k_cache, v_cache, slots) if kv_store else None
     apply_rotary(q, k, positions, cache, store, qk_norm=(q_w, k_w, eps))
-    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
-    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    # Bitwise under the interpreter; on a GPU the sums of squares may add in another order
+    # (the module doc), an fp32 ulp that survives in fp32 outputs.
+    for got, want in [(q, q_ref), (k, k_ref), (k_cache, expected_k)]:
+        assert_equal_unless_normed_on_gpu(got, want, normed=True)
+    assert torch.equal(v_cache, expected_v)
     assert torch.equal(v, v_before), "v must be untouched"
 
 

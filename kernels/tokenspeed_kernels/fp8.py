@@ -75,7 +75,10 @@ def kernel_args(weight: torch.Tensor | Fp8Weight) -> tuple[torch.Tensor, tuple, 
 
 
 def scale_of(amax: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(amax.float() / FP8_MAX, min=MIN_SCALE)
+    amax = amax.float()
+    # A tensor divisor: torch's CUDA division by a Python scalar multiplies by its reciprocal,
+    # an ulp away from the IEEE quotient the definition (and the kernels) take.
+    return torch.clamp(amax / torch.full_like(amax, FP8_MAX), min=MIN_SCALE)
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
