@@ -4,13 +4,15 @@ mixed round, as a chunked prefill arrives while others decode), timed with CUDA 
 broken down by kernel with the torch profiler.
 
     python bench/prefill_profile.py [--shape llama-8b] [--prompts 8] [--prompt-len 1024]
-                                    [--decodes 0,56] [--context 1536] [--out PATH]
+                                    [--decodes 0,56] [--context 1536] [--kv-cache-dtype fp8]
+                                    [--quantization fp8] [--out PATH]
 
 Builds the engine's device side as a rank does (dummy weights, the Triton backend) and runs
 the runner's eager path on a batch built the way the scheduler's rows are. Reports per
 decode count: the forward's GPU time, its compute floor (FLOPs at the dense matmul rate
-measured in the same run), the GEMMs' achieved rate, and every cuBLAS product of the
-forward's shapes timed alone. GPU-only.
+measured in the same run: e4m3 through ``torch._scaled_mm`` when the weights are FP8, bf16
+otherwise), the GEMMs' achieved rate, and every cuBLAS product of the forward's shapes timed
+alone (FP8 weights: ``torch._scaled_mm`` on e4m3 operands with row-wise scales). GPU-only.
 """
 
 from __future__ import annotations
@@ -59,14 +61,26 @@ def gemm_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     return {"qkv": (q + 2 * kv, h), "o_proj": (h, q), "gate_up": (2 * inter, h), "down": (h, inter)}
 
 
-def cublas_rates(config: ModelConfig, tokens: int, peak: float) -> list[dict]:
-    """Each layer product's shape at ``tokens`` rows through ``F.linear`` alone."""
+def cublas_rates(config: ModelConfig, tokens: int, peak: float, fp8: bool) -> list[dict]:
+    """Each layer product's shape at ``tokens`` rows through cuBLAS alone: ``F.linear``, or
+    with ``fp8`` ``torch._scaled_mm`` (row-wise scales, bf16 out) as the engine calls it."""
     out = []
     x = torch.randn(tokens, max(config.intermediate_size, config.q_size), device="cuda")
     for name, (n, k) in gemm_shapes(config).items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         a = x[:, :k].to(torch.bfloat16).contiguous()
-        ms = time_step(lambda a=a, w=w: F.linear(a, w), 20)
+        if fp8:
+            aq, wq_t = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t()
+            sa, sw = torch.ones(tokens, 1, device="cuda"), torch.ones(1, n, device="cuda")
+
+            def product(aq=aq, wq_t=wq_t, sa=sa, sw=sw):
+                return torch._scaled_mm(aq, wq_t, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16)
+        else:
+
+            def product(a=a, w=w):
+                return F.linear(a, w)
+
+        ms = time_step(product, 20)
         flops = 2 * tokens * n * k
         out.append(
             {
@@ -89,14 +103,17 @@ def main() -> None:
     parser.add_argument("--decodes", default="0,56", help="decode rows beside the prompts")
     parser.add_argument("--context", type=int, default=1536, help="each decode row's context")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
+    parser.add_argument("--quantization", help="fp8: quantize the shape's weights at load")
     parser.add_argument("--out", type=Path, help=OUT_HELP)
     ns = parser.parse_args()
     decode_counts = [int(d) for d in ns.decodes.split(",")]
-    matmul = measure_matmul_peak("cuda")
-    peak = matmul["flops_per_s"]
-    torch.cuda.empty_cache()
     model_dir = checkpoint_dir(ns.shape, Path(tempfile.mkdtemp()))
     config = ModelConfig.from_pretrained(model_dir)
+    fp8 = config.quantization is not None or ns.quantization is not None
+    matmul = measure_matmul_peak("cuda", fp8=fp8)
+    peak = matmul["flops_per_s"]
+    torch.cuda.empty_cache()
     page = EngineArgs.page_size
     most = max(decode_counts)
     blocks = most * -(-(ns.context + 1) // page) + ns.prompts * -(-ns.prompt_len // page) + 1
@@ -113,6 +130,8 @@ def main() -> None:
         enforce_eager=True,
         gpu_memory_utilization=0.85,
         attention_backend="triton",
+        kv_cache_dtype=ns.kv_cache_dtype,
+        quantization=ns.quantization,
     )
     runner = build_device_side(args, RankInfo()).handle._runner  # past the handle on purpose
     dense = 2 * config.num_hidden_layers * layer_params(config)
@@ -145,7 +164,7 @@ def main() -> None:
         r["of_floor"] = r["floor_ms"] / r["step_ms"]
         gemm_flops = host.num_tokens * dense + (ns.prompts + decodes) * head
         r["gemm_tflops"] = gemm_flops / r["by_category_ms"].get("gemm", float("nan")) / 1e9
-        r["cublas_alone"] = cublas_rates(config, host.num_tokens, peak)
+        r["cublas_alone"] = cublas_rates(config, host.num_tokens, peak, fp8)
         results.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "top_marginal_ms"}, indent=1))
     write_profile(ns.out or default_out_path("prefill-profile"), ns.shape, results, matmul=matmul)

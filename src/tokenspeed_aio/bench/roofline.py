@@ -171,20 +171,43 @@ def measure_bandwidth(
     }
 
 
-def measure_matmul_peak(device: str, size: int = 8192, iters: int = 10) -> dict[str, Any]:
-    """Dense bf16 matmul rate (FLOP/s) of a CUDA ``device``: the best of ``iters`` square
-    ``size``-cubed products, the compute ceiling a prefill step is held to."""
+def measure_matmul_peak(
+    device: str, size: int = 8192, iters: int = 10, fp8: bool = False
+) -> dict[str, Any]:
+    """Dense matmul rate (FLOP/s) of a CUDA ``device``: the best of ``iters`` square
+    ``size``-cubed products, the compute ceiling a prefill step is held to. bf16, or with
+    ``fp8`` e4m3 operands through ``torch._scaled_mm`` with row-wise scales (the engine's
+    FP8 product of many rows), bf16 out."""
     import torch
 
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    a @ b  # first call: cuBLAS heuristics and workspace
+    if fp8:
+        aq, bq_t = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # column-major
+        ones = torch.ones(size, 1, device=device)
+
+        def product():
+            return torch._scaled_mm(
+                aq, bq_t, scale_a=ones, scale_b=ones.view(1, -1), out_dtype=torch.bfloat16
+            )
+    else:
+
+        def product():
+            return a @ b
+
+    product()  # first call: cuBLAS heuristics and workspace
     best = float("inf")
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        a @ b
+        product()
         end.record()
         end.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3)
-    return {"size": size, "iters": iters, "best_s": best, "flops_per_s": 2 * size**3 / best}
+    return {
+        "size": size,
+        "iters": iters,
+        "dtype": "e4m3" if fp8 else "bfloat16",
+        "best_s": best,
+        "flops_per_s": 2 * size**3 / best,
+    }
