@@ -65,6 +65,16 @@ def test_norm_and_swiglu_quantize_their_own_outputs(mode):
     _bitwise(silu_and_mul_quant(gate_up, group), fp8.quantize_rows(silu_and_mul(gate_up), group))
 
 
+def test_swiglu_per_token_scale_is_the_max_over_a_long_rows_chunks():
+    # d = 2,500: three chunks of the SwiGLU launch, the last partial; each row's largest value
+    # sits in another chunk, so its scale is right only as the max of every chunk's amax.
+    d = 2500
+    gate_up = _rand(3, 2 * d, seed=6)
+    for row, col in enumerate([10, 1500, 2400]):
+        gate_up[row, col] = gate_up[row, d + col] = 8.0
+    _bitwise(silu_and_mul_quant(gate_up), fp8.quantize_rows(silu_and_mul(gate_up)))
+
+
 @pytest.mark.parametrize(
     "kind,static", [("channel", False), ("tensor", True), ("block", False)], ids=str
 )

@@ -12,7 +12,12 @@ product in fp32 rounded once more, so fp32 results equal torch's bit for bit.
 
 ``silu_and_mul_quant`` writes the activation quantized to e4m3 with its scales instead
 (``fp8_quant.py``'s layout), from the rounded values ``silu_and_mul`` returns: the input of an
-FP8 down projection. Per-token scales need the whole row in one program.
+FP8 down projection. Group and static scales are one launch. A per-token scale needs the
+row's amax before any value quantizes, and a row of an 8B model's MLP (14,336 values) in one
+program is 16 warps of 128 registers, one program per SM, whose loads, reduction and stores
+nothing overlaps (it read at about a third of the copy rate). So it is two launches: this
+kernel writes the activation and each chunk's amax, and ``fp8_quant.quantize_by_chunk_amax``
+quantizes it by the row's.
 
 A launch is a programmatic dependent launch where the GPU has one (``pdl.py``), like the
 norm's: it follows a decode step's gate/up product and precedes its down product.
@@ -25,7 +30,12 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernels import fp8, pdl, precise_math
-from tokenspeed_kernels.fp8_quant import group_code, scales_buffer, store_quantized
+from tokenspeed_kernels.fp8_quant import (
+    group_code,
+    quantize_by_chunk_amax,
+    scales_buffer,
+    store_quantized,
+)
 
 BLOCK = 1024
 
@@ -44,7 +54,8 @@ def _silu_and_mul_kernel(
     X, Out, S, Static, stride_x, stride_o, stride_s, d,
     BLOCK: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr = -2,
 ):  # fmt: skip
-    """QUANT: -2 a plain output; else ``fp8_quant.group_code`` (Out e4m3, scales to S)."""
+    """QUANT: -2 a plain output; -3 a plain output and each chunk's amax to S (``stride_s``
+    a row's); else ``fp8_quant.group_code`` (Out e4m3, scales to S)."""
     pdl.wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -53,8 +64,10 @@ def _silu_and_mul_kernel(
     gate = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     up = tl.load(X + row * stride_x + d + offs, mask=mask, other=0.0)
     y = silu_mul(gate, up, PRECISE)
-    if QUANT == -2:
+    if QUANT <= -2:
         tl.store(Out + row * stride_o + offs, y, mask=mask)
+        if QUANT == -3:
+            tl.store(S + row * stride_s + chunk, tl.max(tl.abs(y.to(tl.float32)), 0))
     else:
         static = tl.load(Static) if QUANT < 0 else 1.0
         group_id = chunk * (BLOCK // 128) if QUANT > 0 else 0
@@ -66,21 +79,28 @@ def _launch(x: torch.Tensor, quant=None) -> tuple[torch.Tensor, torch.Tensor]:
     assert x.shape[-1] % 2 == 0 and x.stride(-1) == 1
     d = x.shape[-1] // 2
     x2 = x.reshape(-1, x.shape[-1])
-    out = torch.empty((x2.shape[0], d), dtype=fp8.FP8 if quant else x.dtype, device=x.device)
-    code, s, stride_s, block = -2, out, 0, BLOCK
-    if quant is not None:
-        code = group_code(*quant)
-        s = scales_buffer(x2.shape[0], d, x.device, *quant)
+    m = x2.shape[0]
+    code = -2 if quant is None else group_code(*quant)
+    if code == 0:  # per token: the activation and its chunks' amaxes, then the scales (doc)
+        y = torch.empty((m, d), dtype=x.dtype, device=x.device)
+        amax = torch.empty((m, triton.cdiv(d, BLOCK)), dtype=torch.float32, device=x.device)
+        _run(x2, y, amax, amax.stride(0), d, -3)
+        return quantize_by_chunk_amax(y, amax, BLOCK)
+    out = torch.empty((m, d), dtype=x.dtype if code == -2 else fp8.FP8, device=x.device)
+    s, stride_s = out, 0
+    if code != -2:
+        s = scales_buffer(m, d, x.device, *quant)
         stride_s = s.stride(0) if code >= 0 else 0
-        block = triton.next_power_of_2(d) if code == 0 else BLOCK  # per token: a row a program
-    if x2.shape[0] > 0:
-        grid = (x2.shape[0], triton.cdiv(d, block))
-        _silu_and_mul_kernel[grid](
-            x2, out, s, s, x2.stride(0), out.stride(0), stride_s, d, BLOCK=block,
-            PRECISE=precise_math.PRECISE_MATH, QUANT=code,
-            num_warps=min(max(block // 1024, 4), 16), **pdl.launch_args(),
-        )  # fmt: skip
+    _run(x2, out, s, stride_s, d, code)
     return out.view(*x.shape[:-1], d), s
+
+
+def _run(x2, out, s, stride_s, d, code) -> None:
+    if x2.shape[0] > 0:
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, BLOCK))](
+            x2, out, s, s, x2.stride(0), out.stride(0), stride_s, d, BLOCK=BLOCK,
+            PRECISE=precise_math.PRECISE_MATH, QUANT=code, num_warps=4, **pdl.launch_args(),
+        )  # fmt: skip
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -92,5 +112,5 @@ def silu_and_mul_quant(
     x: torch.Tensor, group: int | None = None, static_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(xq, scales): ``fp8.quantize_rows(silu_and_mul(x), group, static_scale)`` in one
-    launch; x [M, 2d]."""
+    launch, two with per-token scales (module doc); x [M, 2d]."""
     return _launch(x, (group, static_scale))

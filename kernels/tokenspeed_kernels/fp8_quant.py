@@ -8,7 +8,8 @@ Layout contract::
     scales: [M] fp32 (per token), [M, ceil(K / 128)] (group=128), or the static scale [1]
 
 A program owns one row (per token: the whole row is one tile, so its amax is one reduction;
-group=128: ``GROUPS`` 128-groups of a row, each its own scale). The norm and SwiGLU kernels
+group=128: ``GROUPS`` 128-groups of a row, each its own scale). ``quantize_by_chunk_amax``
+takes rows whose producer also wrote each chunk's amax, a chunk a program. The norm and SwiGLU kernels
 that precede most products quantize their own output the same way (``rmsnorm.py``'s and
 ``activation.py``'s ``quant``), so this launch serves the rest (the attention output before
 o_proj). Results equal ``fp8.quantize_rows`` bit for bit.
@@ -63,6 +64,44 @@ def _quantize_kernel(
     group_id = chunk * (BLOCK // 128) if GROUP > 0 else 0
     store_quantized(x, Q + row * stride_q, S + row * stride_s, offs, mask, group_id,
                     tl.cdiv(K, 128), GROUP, static)  # fmt: skip
+
+
+@triton.jit
+def _quantize_by_amax_kernel(
+    X, Q, S, Amax, stride_x, stride_q, stride_a, K, num_chunks,
+    BLOCK: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    pdl.wait_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    chunks = tl.arange(0, CHUNKS)
+    amax = tl.load(Amax + row * stride_a + chunks, mask=chunks < num_chunks, other=0.0)
+    s = fp8_jit.scale_of_amax(tl.max(amax, 0))
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Q + row * stride_q + offs, fp8_jit.quantize_values(x, s), mask=mask)
+    if chunk == 0:
+        tl.store(S + row, s)
+
+
+def quantize_by_chunk_amax(
+    x: torch.Tensor, amax: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``quantize_rows(x)`` of rows whose amax the kernel that wrote them took per
+    ``chunk`` values (``amax`` [M, ceil(K / chunk)]): a row's scale is the max of its
+    chunks', so no program needs the whole row."""
+    m, k = x.shape
+    assert x.stride(1) == 1 and amax.shape == (m, triton.cdiv(k, chunk))
+    q = torch.empty((m, k), dtype=fp8.FP8, device=x.device)
+    s = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m > 0:
+        _quantize_by_amax_kernel[(m, amax.shape[1])](
+            x, q, s, amax, x.stride(0), q.stride(0), amax.stride(0), k, amax.shape[1],
+            BLOCK=chunk, CHUNKS=triton.next_power_of_2(amax.shape[1]),
+            num_warps=min(max(chunk // 256, 1), 8), **pdl.launch_args(),
+        )  # fmt: skip
+    return q, s
 
 
 def group_code(group: int | None, static_scale: torch.Tensor | None) -> int:
