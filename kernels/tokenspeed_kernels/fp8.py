@@ -53,6 +53,19 @@ class Fp8Weight(NamedTuple):
         return self.scale.dim() == 2
 
 
+class QuantizedRows(NamedTuple):
+    """Activation rows already quantized for an FP8 product (``quantize_rows``' layout) by the
+    kernel that produced them, and the dtype the product returns."""
+
+    q: torch.Tensor  # [M, K] float8_e4m3fn
+    scale: torch.Tensor  # [M] per token, [M, ceil(K/128)] per group, or the static [1]
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+
 def kernel_args(weight: torch.Tensor | Fp8Weight) -> tuple[torch.Tensor, tuple, dict]:
     """(the weight tensor, ``(W_scale, X_scale, stride_ws)``, ``{FP8, STATIC}``) of a launch
     whose product takes ``gemv.products``' FP8 arguments; a 16-bit weight stands in for the

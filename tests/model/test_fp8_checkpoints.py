@@ -168,3 +168,39 @@ def test_fp8_kv_cache_on_the_triton_backend_matches_the_torch_backend(checkpoint
         logits.append(torch.cat([prefill, decode, mixed]))
         assert runner.k_caches[0].dtype == fp8.FP8
     torch.testing.assert_close(logits[1], logits[0], atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fmt", ["ct-channel", "ct-tensor-static", "fp8-block"])
+def test_swiglu_quantized_for_the_down_projection_changes_no_bit_gpu(
+    fp8_checkpoint, fmt, monkeypatch
+):
+    # On CUDA an FP8 MLP of more rows quantizes its activation in the SwiGLU launch, for the
+    # down projection (fp8_products.py); without a down weight to feed (``fp8_weight`` None)
+    # the product quantizes it itself. Both are fp8.quantize_rows of the same values.
+    from tokenspeed_kernels import activation
+
+    from tokenspeed_aio.model.layers.linear import RowParallelLinear
+
+    fused_launches = []
+    quant = activation.silu_and_mul_quant
+    monkeypatch.setattr(
+        activation, "silu_and_mul_quant", lambda *a: fused_launches.append(1) or quant(*a)
+    )
+    path = fp8_checkpoint(fmt)
+    config = ModelConfig.from_pretrained(path)
+    model = load_model(config, str(path), dtype=torch.bfloat16, device=torch.device("cuda"))
+    prompts = _prompts(config.vocab_size)
+    logits = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(RowParallelLinear, "fp8_weight", property(lambda self: None))
+        runner = PagedRunner(model, config, dtype=torch.bfloat16, device=torch.device("cuda"))
+        prefill = runner.forward(list(enumerate(prompts)))
+        decode = runner.forward([(0, [5]), (1, [9])])
+        logits.append(torch.cat([prefill, decode]))
+        if fused:  # every layer's MLP, at both steps
+            assert len(fused_launches) == 2 * config.num_hidden_layers
+    assert torch.isfinite(logits[0]).all()
+    assert torch.equal(logits[0], logits[1])

@@ -27,7 +27,7 @@ from tokenspeed_aio.model.ops.products import linear, norm_linear, norm_linear_r
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
 
 if TYPE_CHECKING:
-    from tokenspeed_kernels.fp8 import Fp8Weight
+    from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows
 
     from tokenspeed_aio.model.attention.base import KVWrite
     from tokenspeed_aio.model.quantization.config import QuantConfig
@@ -48,6 +48,11 @@ class _Quantizable(nn.Module):
     def operand(self) -> torch.Tensor | Fp8Weight:
         """What a product takes: the weight, or its FP8 form."""
         return self.weight if self.fp8 is None else self.fp8.weight
+
+    @property
+    def fp8_weight(self) -> Fp8Weight | None:
+        """The FP8 form of the weight; None for a 16-bit layer."""
+        return None if self.fp8 is None else self.fp8.weight
 
 
 class _ColumnShardedLinear(_Quantizable):
@@ -71,11 +76,16 @@ class _ColumnShardedLinear(_Quantizable):
         return linear(x, self.operand, self.bias, self.act_silu_mul)
 
     def after_norm(
-        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        norm: RMSNorm,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        feeds: Fp8Weight | None = None,
+    ) -> tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
         """``(self(norm(h)), h)`` with ``h = x + residual`` (``x`` when residual is None), the
-        norm fused into the product where it can be (``norm_linear``)."""
-        return norm_linear(norm, x, residual, self.operand, self.bias, self.act_silu_mul)
+        norm fused into the product where it can be (``norm_linear``; ``feeds``: the FP8
+        weight the activation goes to, which it may come quantized for)."""
+        return norm_linear(norm, x, residual, self.operand, self.bias, self.act_silu_mul, feeds)
 
     def _copy_rows(
         self, param: torch.Tensor, loaded: torch.Tensor, full_rows: int, src: int, dst: int, n: int
@@ -198,7 +208,7 @@ class RowParallelLinear(_Quantizable):
         self.weight = nn.Parameter(torch.empty(output_size, local))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         y = tp_all_reduce(linear(x, self.operand))
         return y if self.bias is None else y + self.bias
 

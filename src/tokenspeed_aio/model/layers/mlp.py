@@ -2,7 +2,9 @@
 
 The activation is the gate/up projection's epilogue (``act_silu_mul``): at batch 1 on CUDA
 one Triton product computes both and writes only the activation. The block takes the norm
-before it, so that product can run the norm (and the residual add) as its prologue.
+before it, so that product can run the norm (and the residual add) as its prologue. With an
+FP8 down projection the activation of more rows comes quantized for it, from the SwiGLU's
+launch (``fp8_products.py``).
 """
 
 from __future__ import annotations
@@ -26,5 +28,7 @@ class GatedMLP(nn.Module):
         self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp(norm(h)), h)`` with ``h = x + residual`` (``x`` when residual is None)."""
-        activation, residual = self.gate_up_proj.after_norm(norm, x, residual)
+        activation, residual = self.gate_up_proj.after_norm(
+            norm, x, residual, feeds=self.down_proj.fp8_weight
+        )
         return self.down_proj(activation), residual

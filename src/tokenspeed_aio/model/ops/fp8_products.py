@@ -7,8 +7,12 @@ for 16-bit weights); its tiles come from the device's ``fp8_gemv`` table (else
 ``gemv.DEFAULT``). More rows are quantized by the kernel before the product -- the norm's
 (``rms_norm_quant``) where one precedes it, else ``fp8_quant.quantize_rows`` -- and
 multiplied by ``fp8_gemm`` (Triton or ``torch._scaled_mm``, per its table). A SwiGLU after
-a product of more rows is its own launch. On the CPU every product is ``fp8.linear``, the
-torch definition the kernels are tested against.
+a product of more rows is its own launch; where the activation ``feeds`` another FP8 product
+(the MLP's down projection), that launch also quantizes it for that product
+(``silu_and_mul_quant``, bitwise what ``quantize_rows`` of the activation gives) and returns
+``QuantizedRows``, which the next product takes as its input with no quantizing launch of its
+own. On the CPU every product is ``fp8.linear``, the torch definition the kernels are tested
+against.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from tokenspeed_kernels import fp8
-from tokenspeed_kernels.fp8 import Fp8Weight
+from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows
 
 from tokenspeed_aio.model.layers.activation import silu_and_mul
 
@@ -40,16 +44,26 @@ def _group(w: Fp8Weight) -> int | None:
     return fp8.BLOCK if w.block else None
 
 
-def _product(xq, sx, w: Fp8Weight, bias, dtype, act_silu_mul: bool) -> torch.Tensor:
+def _product(
+    xq, sx, w: Fp8Weight, bias, dtype, act_silu_mul: bool, feeds: Fp8Weight | None = None
+) -> torch.Tensor | QuantizedRows:
     from tokenspeed_kernels.fp8_gemm import fp8_gemm
 
     y = fp8_gemm(xq, sx, w, bias, dtype)
-    return silu_and_mul(y) if act_silu_mul else y
+    if not act_silu_mul:
+        return y
+    if feeds is None:
+        return silu_and_mul(y)
+    from tokenspeed_kernels.activation import silu_and_mul_quant
+
+    return QuantizedRows(*silu_and_mul_quant(y, _group(feeds), feeds.input_scale), dtype)
 
 
 def linear(
-    x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, act_silu_mul: bool
+    x: torch.Tensor | QuantizedRows, w: Fp8Weight, bias: torch.Tensor | None, act_silu_mul: bool
 ) -> torch.Tensor:
+    if isinstance(x, QuantizedRows):  # quantized by the kernel that wrote it (module doc)
+        return _product(x.q, x.scale, w, bias, x.dtype, act_silu_mul)
     if not x.is_cuda:
         y = fp8.linear(x, w.q, w.scale, bias, w.input_scale)
         return silu_and_mul(y) if act_silu_mul else y
@@ -72,7 +86,11 @@ def norm_linear(
     w: Fp8Weight,
     bias: torch.Tensor | None,
     act_silu_mul: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    feeds: Fp8Weight | None = None,
+) -> tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
+    """``products.norm_linear`` on an FP8 weight; with ``act_silu_mul`` and ``feeds`` (the FP8
+    weight the activation goes to), a product of more rows on CUDA returns the activation as
+    ``QuantizedRows`` for that weight (module doc)."""
     if not x.is_cuda:
         normed, h = (norm(x), x) if residual is None else norm(x, residual)
         return linear(normed, w, bias, act_silu_mul), h
@@ -84,7 +102,7 @@ def norm_linear(
     from tokenspeed_kernels.rmsnorm import rms_norm_quant
 
     xq, sx, h = rms_norm_quant(x, residual, norm.weight, norm.eps, _group(w), w.input_scale)
-    return _product(xq, sx, w, bias, x.dtype, act_silu_mul), h
+    return _product(xq, sx, w, bias, x.dtype, act_silu_mul, feeds), h
 
 
 def norm_linear_rope_kv(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from tokenspeed_kernels.fp8 import Fp8Weight
+from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows
 
 from tokenspeed_aio.model.layers.activation import silu_and_mul
 from tokenspeed_aio.model.ops import fp8_products
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def linear(
-    x: torch.Tensor,
+    x: torch.Tensor | QuantizedRows,
     weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     act_silu_mul: bool = False,
@@ -40,7 +40,8 @@ def linear(
     """``F.linear`` -- followed by ``silu_and_mul`` when ``act_silu_mul`` -- or the Triton
     product for a batch of at most 64 rows (2 to 64 in a 16-bit dtype) where it was measured
     faster. In batch-invariant mode (ops/determinism.py) every 16-bit product is the
-    invariant one."""
+    invariant one. ``QuantizedRows`` (a fused producer's output, ``norm_linear``'s
+    ``feeds``) go to an FP8 weight."""
     if isinstance(weight, Fp8Weight):
         return fp8_products.linear(x, weight, bias, act_silu_mul)
     if batch_invariant():
@@ -75,13 +76,15 @@ def norm_linear(
     weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     act_silu_mul: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    feeds: Fp8Weight | None = None,
+) -> tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
     """``(linear(norm(h), weight, bias, act_silu_mul), h)`` with ``h = x + residual`` (``x``
     when residual is None): the norm as the batch-1 Triton product's prologue where it has a
     config, else the norm layer then ``linear``. Norms are replicated, so this holds on every
-    tensor-parallel rank."""
+    tensor-parallel rank. ``feeds``: the FP8 weight the SwiGLU activation goes to, which an
+    FP8 product of more rows quantizes it for (``fp8_products.py``)."""
     if isinstance(weight, Fp8Weight):
-        return fp8_products.norm_linear(norm, x, residual, weight, bias, act_silu_mul)
+        return fp8_products.norm_linear(norm, x, residual, weight, bias, act_silu_mul, feeds)
     if x.is_cuda and x.shape[0] == 1 and not batch_invariant():
         from tokenspeed_kernels.gemv import norm_configs, norm_gemv
 
