@@ -4,6 +4,7 @@ per shape, scheme and row bucket; ``--write-config`` writes the picks into this 
 
     python kernels/bench_fp8_gemm.py [--models llama qwen3] [--buckets 64 256 512]
                                      [--json OUT.json] [--write-config] [--budget-s 240]
+                                     [--gemm-only]
 
 Models and the schemes their acceptance runs use: ``llama`` (Llama-3.1-8B's projections,
 per-channel scales, per-token activations) and ``qwen3`` (Qwen3-8B's, 128x128 block scales,
@@ -17,7 +18,8 @@ arrive quantized (the quantization kernel is the same for both implementations).
   one row is timed beside it for the record (the engine's one-row products always take the
   Triton kernel, which also runs the norm prologue and the RoPE/KV epilogue).
 - More rows (``fp8_gemm``, key (N, K, block, m_bucket)): the Triton kernel over
-  ``GEMM_GRID`` (BLOCK_M = the bucket up to 64, else 64 and 128) against ``torch._scaled_mm``
+  ``GEMM_GRID`` (and ``WIDE_K_GRID`` for per-row scales; BLOCK_M = the bucket up to 64, else
+  64 and 128) against ``torch._scaled_mm``
   (per-row scales only); the faster is written, with its tiles.
 
 Every winner is checked against ``fp8.linear`` (the torch definition) before it is kept.
@@ -55,9 +57,21 @@ GEMV_GRID = [
     (4, 1024, 8, 1), (8, 1024, 4, 1), (16, 1024, 8, 1), (4, 512, 4, 3),
     (8, 2048, 8, 3), (8, 2048, 8, 1), (16, 2048, 16, 1), (4, 2048, 4, 3), (4, 4096, 8, 1),
 ]  # fmt: skip
-# (BLOCK_N, SPLIT_K, num_stages) at BLOCK_K 128, 4 warps; BLOCK_M from the bucket.
-GEMM_GRID = [(64, 1, 3), (64, 2, 3), (64, 4, 3), (128, 1, 3), (128, 2, 3), (64, 1, 4),
-             (128, 1, 4), (64, 2, 4)]  # fmt: skip
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages); BLOCK_M from the bucket. Block scales
+# take BLOCK_K 128; per-row ones also the wider K, which holds a 16-bit tile's bytes.
+GEMM_GRID = [
+    (64, 128, 1, 4, 3),
+    (64, 128, 2, 4, 3),
+    (64, 128, 4, 4, 3),
+    (128, 128, 1, 4, 3),
+    (128, 128, 2, 4, 3),
+    (64, 128, 1, 4, 4),
+    (128, 128, 1, 4, 4),
+    (64, 128, 2, 4, 4),
+]
+WIDE_K_GRID = [(64, 256, 1, 4, 3), (64, 256, 2, 4, 3), (64, 256, 4, 4, 3), (64, 256, 2, 4, 4),
+               (128, 256, 1, 4, 3), (128, 256, 2, 4, 3), (128, 256, 1, 8, 3),
+               (64, 512, 2, 4, 3), (64, 512, 4, 4, 2), (32, 512, 2, 4, 3)]  # fmt: skip
 
 
 class Budget:
@@ -125,11 +139,12 @@ def bench_gemm(name, weights, block, m, budget) -> dict:
     xq, sx = quantize_rows(x, fp8.BLOCK if block else None)
     block_ms = [max(16, triton.next_power_of_2(m))] if m <= 64 else [64, 128]
     sweep = {}
+    grid = GEMM_GRID if block else GEMM_GRID + WIDE_K_GRID
     for block_m in block_ms:
-        for block_n, split_k, stages in GEMM_GRID:
+        for tiles in grid:
             if budget.spent():
                 break
-            config = (False, block_m, block_n, 128, split_k, 4, stages)
+            config = (False, block_m, *tiles)
             sweep[config] = timed(
                 lambda w, c=config: fp8_gemm(xq, sx, w, None, torch.bfloat16, c), weights
             )
@@ -157,6 +172,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--write-config", action="store_true")
     parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--gemm-only", action="store_true", help="skip the one-row products")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fp8_gemm.py needs a CUDA device")
@@ -172,8 +188,9 @@ def main() -> None:
             if budget.spent():
                 break
             weights = fp8_copies(n, k, block)
-            rows.append(bench_gemv(f"{model} {name}", weights, block, False, budget))
-            if name == "gate_up":
+            if not args.gemm_only:
+                rows.append(bench_gemv(f"{model} {name}", weights, block, False, budget))
+            if name == "gate_up" and not args.gemm_only:
                 rows.append(bench_gemv(f"{model} {name}", weights, block, True, budget))
             for m in args.buckets:
                 if not budget.spent():
