@@ -12,6 +12,7 @@ from tokenspeed_kernels.fp8_gemm import fp8_gemm
 from tokenspeed_kernels.fp8_quant import quantize_rows
 from tokenspeed_kernels.gemv import gemv, norm_gemv
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm, rms_norm_quant
+from tokenspeed_kernels.skinny_gemm import sum_partials
 
 GROUP = fp8.BLOCK
 
@@ -115,6 +116,24 @@ def test_fp8_gemm_matches_the_dequantized_product(kind, m, config):
     xq, sx = fp8.quantize_rows(x, GROUP if w.block else None)
     y = fp8_gemm(xq.to(DEVICE), sx.to(DEVICE), w, bias, torch.bfloat16, config)
     assert_close(y, fp8.linear(x, w.q, w.scale, bias))
+
+
+@pytest.mark.parametrize("group", [None, GROUP], ids=["token", "group"])
+def test_the_norm_adds_a_split_k_products_partial_sums(group):
+    # o_proj/down leave their split-K partials to the residual-add norm after them: the
+    # norm's outputs equal those of the same norm on the product's own sum, bit for bit.
+    w = _weight(256, 384, "channel", seed=17)
+    x, residual, g = _rand(6, 384, seed=18), _rand(6, 256, seed=19), _rand(256, seed=20)
+    xq, sx = quantize_rows(x)
+    config = (False, 16, 64, 128, 3, 4, 2)  # three K slices
+    partials = fp8_gemm(xq, sx, w, None, torch.bfloat16, config, defer_sum=True)
+    assert isinstance(partials, fp8.SplitKPartials) and partials.partials.shape[0] == 3
+    y = fp8_gemm(xq, sx, w, None, torch.bfloat16, config)
+    assert torch.equal(sum_partials(*partials), y)
+    q, s, h = rms_norm_quant(partials, residual, g, 1e-6, group)
+    q_ref, s_ref, h_ref = rms_norm_quant(y, residual, g, 1e-6, group)
+    assert torch.equal(h, h_ref)
+    _bitwise((q, s), (q_ref, s_ref))
 
 
 def test_fp8_gemm_with_a_static_scale():

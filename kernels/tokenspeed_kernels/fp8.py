@@ -66,6 +66,20 @@ class QuantizedRows(NamedTuple):
         return self.q.shape
 
 
+class SplitKPartials(NamedTuple):
+    """A split-K product's fp32 partial sums, not yet summed (``fp8_gemm(..., defer_sum=True)``):
+    the residual-add norm after it sums them in slice order as it loads x (``rmsnorm``), the
+    values the product's own sum launch would have given; any other consumer sums them with
+    ``skinny_gemm.sum_partials``."""
+
+    partials: torch.Tensor  # [SPLIT_K, M, N] fp32
+    dtype: torch.dtype  # the product's output dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.partials.shape[1:]
+
+
 def kernel_args(weight: torch.Tensor | Fp8Weight) -> tuple[torch.Tensor, tuple, dict]:
     """(the weight tensor, ``(W_scale, X_scale, stride_ws)``, ``{FP8, STATIC}``) of a launch
     whose product takes ``gemv.products``' FP8 arguments; a 16-bit weight stands in for the

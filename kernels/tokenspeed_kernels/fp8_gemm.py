@@ -31,12 +31,7 @@ import torch
 import triton
 
 from tokenspeed_kernels import fp8, pdl, precise_math, tuning
-from tokenspeed_kernels.skinny_gemm import (
-    SUM_BLOCK,
-    _peels,
-    _skinny_gemm_kernel,
-    _split_k_sum_kernel,
-)
+from tokenspeed_kernels.skinny_gemm import _peels, _skinny_gemm_kernel, sum_partials
 
 MAX_BUCKET = 8192  # row buckets: 16, 32, 64, 128, ..., 8192 (more rows share the last)
 
@@ -72,8 +67,11 @@ def fp8_gemm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     config: tuple[int | bool, ...] | None = None,
-) -> torch.Tensor:
-    """The product of the module doc; ``config`` overrides the table's."""
+    defer_sum: bool = False,
+) -> torch.Tensor | fp8.SplitKPartials:
+    """The product of the module doc; ``config`` overrides the table's. ``defer_sum``: a
+    split-K product without bias returns its partial sums (``fp8.SplitKPartials``) for the
+    next kernel to add, instead of launching their sum."""
     m, k = xq.shape
     n = weight.shape[0]
     assert xq.dtype == fp8.FP8 and xq.stride(1) == 1 and weight.shape[1] == k
@@ -85,19 +83,19 @@ def fp8_gemm(
             xq, weight.q.t(), scale_a=scale_a, scale_b=weight.scale.view(1, n), bias=bias,
             out_dtype=out_dtype,
         )  # fmt: skip
-    return _triton(xq, sx, weight, bias, out_dtype, tiles)
+    return _triton(xq, sx, weight, bias, out_dtype, tiles, defer_sum and bias is None)
 
 
-def _triton(xq, sx, weight: fp8.Fp8Weight, bias, out_dtype, tiles) -> torch.Tensor:
+def _triton(xq, sx, weight: fp8.Fp8Weight, bias, out_dtype, tiles, defer_sum: bool):
     m, k = xq.shape
     n = weight.shape[0]
     block_m, block_n, block_k, split_k, num_warps, num_stages = tiles
     assert not weight.block or block_k == fp8.BLOCK, "block scales take BLOCK_K = 128"
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
-    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    out = y
     if split_k > 1:
         out = torch.empty((split_k, m, n), dtype=torch.float32, device=xq.device)
+    else:
+        out = y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=False, PRECISE=precise_math.PRECISE_MATH,
                  **pdl.launch_args())  # fmt: skip
     bias_arg = bias if bias is not None else weight.q
@@ -113,8 +111,8 @@ def _triton(xq, sx, weight: fp8.Fp8Weight, bias, out_dtype, tiles) -> torch.Tens
         PEEL=peel, FP8=2 if weight.block else 1,
         **flags, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    if split_k > 1:
-        _split_k_sum_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
-            out, bias_arg, y, m, n, split_k, y.stride(0), BLOCK=SUM_BLOCK, **flags
-        )
-    return y
+    if split_k == 1:
+        return y
+    if defer_sum:
+        return fp8.SplitKPartials(out, out_dtype)
+    return sum_partials(out, out_dtype, bias)

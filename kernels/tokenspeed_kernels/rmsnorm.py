@@ -19,6 +19,10 @@ whole row in registers, so hidden sizes up to a few tens of thousands are fine.
 scales (``fp8_quant.py``'s layout: per token, per 128-group or a static scale): the input of
 an FP8 product, from the rounded values the plain kernel would store.
 
+x may also be a split-K product's partial sums (``fp8.SplitKPartials``, with a residual): the
+kernel sums them in slice order and rounds to the product's dtype as it loads x, the values
+the product's own sum launch would have stored, so that launch is not needed.
+
 A launch is a programmatic dependent launch where the GPU has one (``pdl.py``): the norm
 usually sits between two products of a decode step, so it waits for the one before it with
 its programs already resident, and lets the one after it start while it runs.
@@ -54,25 +58,34 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
     QUANT: tl.constexpr = -2,  # -2: none; else ``fp8_quant.group_code``
+    SPLITS: tl.constexpr = 0,  # > 0: X holds that many fp32 partial sums of x (module doc)
+    stride_split=0,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
+    dtype = Residual_out.dtype.element_ty  # x's dtype (the partials' product's)
     w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
     pdl.wait_prior(PDL)
-    h = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if SPLITS > 0:
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(SPLITS):  # in slice order, as the product's sum launch adds them
+            acc += tl.load(X + s * stride_split + row * stride_x + offs, mask=mask, other=0.0)
+        h = acc.to(dtype)
+    else:
+        h = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(Residual + row * stride_r + offs, mask=mask, other=0.0)
         # Round the sum to the input dtype first: HF adds in that dtype, then normalizes.
-        h = (h.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(dtype)
         tl.store(Residual_out + row * stride_ro + offs, h, mask=mask)
     hf = h.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(hf * hf, 0) / hidden + eps)
-    normed = (hf * rstd).to(X.dtype.element_ty).to(tl.float32)
+    normed = (hf * rstd).to(dtype).to(tl.float32)
     if QUANT == -2:
         tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
     else:
-        y = (w * normed).to(X.dtype.element_ty).to(tl.float32)
+        y = (w * normed).to(dtype).to(tl.float32)
         static = tl.load(Static) if QUANT < 0 else 1.0
         store_quantized(y, Out + row * stride_o, S + row * stride_s, offs, mask, 0,
                         tl.cdiv(hidden, 128), QUANT, static)  # fmt: skip
@@ -85,18 +98,26 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(x, residual, weight, eps, quant=None):
-    """(out, residual out, scales); ``quant`` = (group, static_scale): out is e4m3."""
+    """(out, residual out, scales); ``quant`` = (group, static_scale): out is e4m3. x may be
+    ``fp8.SplitKPartials`` (module doc)."""
     hidden = x.shape[-1]
     assert weight.shape == (hidden,) and weight.is_contiguous()
-    x2 = _rows(x)
-    out_dtype = fp8.FP8 if quant is not None else x.dtype
-    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    splits, stride_split = 0, 0
+    if isinstance(x, fp8.SplitKPartials):
+        assert residual is not None, "partial sums are added by the residual-add norm"
+        partials, dtype = x
+        assert partials.stride(-1) == 1
+        splits, stride_split, x2 = partials.shape[0], partials.stride(0), partials[0]
+        shape = x2.shape
+    else:
+        dtype, x2, shape = x.dtype, _rows(x), x.shape
+    out = torch.empty(x2.shape, dtype=fp8.FP8 if quant is not None else dtype, device=x2.device)
     r2 = _rows(residual) if residual is not None else x2
-    r_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else x2
+    r_out = torch.empty(x2.shape, dtype=dtype, device=x2.device) if residual is not None else x2
     code, s, stride_s = -2, x2, 0
     if quant is not None:
         code = group_code(*quant)
-        s = scales_buffer(x2.shape[0], hidden, x.device, *quant)
+        s = scales_buffer(x2.shape[0], hidden, x2.device, *quant)
         stride_s = s.stride(0) if code >= 0 else 0
     block = triton.next_power_of_2(hidden)
     if x2.shape[0] > 0:
@@ -105,9 +126,10 @@ def _launch(x, residual, weight, eps, quant=None):
             x2.stride(0), r2.stride(0), out.stride(0), r_out.stride(0),
             hidden, eps,
             HAS_RESIDUAL=residual is not None, BLOCK=block, QUANT=code,
-            num_warps=min(max(block // 256, 1), 16), **pdl.launch_args(),
+            num_warps=min(max(block // 256, 1), 16), SPLITS=splits, stride_split=stride_split,
+            **pdl.launch_args(),
         )  # fmt: skip
-    return out.view(x.shape), r_out.view(x.shape), s
+    return out.view(shape), r_out.view(shape), s
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -247,6 +247,21 @@ def _shared_memory(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
 
 
+def sum_partials(
+    partials: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """y [M, N] of ``dtype`` from a split-K workspace [SPLIT_K, M, N] (+ bias): the second
+    launch of a split-K product (module doc)."""
+    split_k, m, n = partials.shape
+    y = torch.empty((m, n), dtype=dtype, device=partials.device)
+    _split_k_sum_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
+        partials, bias if bias is not None else partials, y, m, n, split_k, y.stride(0),
+        BLOCK=SUM_BLOCK, HAS_BIAS=bias is not None, SILU_MUL=False,
+        PRECISE=precise_math.PRECISE_MATH, **pdl.launch_args(),
+    )  # fmt: skip
+    return y
+
+
 def m_bucket(m: int) -> int:
     """BLOCK_M for M rows, the last field of a ``configs`` key: 16, 32 or 64."""
     return max(16, triton.next_power_of_2(m))

@@ -178,34 +178,50 @@ def test_fp8_kv_cache_on_the_triton_backend_matches_the_torch_backend(checkpoint
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fmt", ["ct-channel", "ct-tensor-static", "fp8-block"])
-def test_swiglu_quantized_for_the_down_projection_changes_no_bit_gpu(
-    fp8_checkpoint, fmt, monkeypatch
-):
-    # On CUDA an FP8 MLP of more rows quantizes its activation in the SwiGLU launch, for the
-    # down projection (fp8_products.py); without a down weight to feed (``fp8_weight`` None)
-    # the product quantizes it itself. Both are fp8.quantize_rows of the same values.
+def test_the_fused_fp8_launches_of_more_rows_change_no_bit_gpu(fp8_checkpoint, fmt, monkeypatch):
+    # On CUDA an FP8 layer of more rows (fp8_products.py) quantizes the MLP activation in the
+    # SwiGLU launch, for the down projection, and leaves o_proj's and down's split-K partial
+    # sums to the residual-add norm after them. Unfused (no down weight to feed, ``fp8_weight``
+    # None; two ranks as far as the row-parallel layers know, so they sum before the
+    # all-reduce) the products quantize and sum themselves. Every product here splits K in two.
     from tokenspeed_kernels import activation
+    from tokenspeed_kernels import fp8_gemm as gemm
 
+    from tokenspeed_aio.model.layers import linear
     from tokenspeed_aio.model.layers.linear import RowParallelLinear
 
-    fused_launches = []
-    quant = activation.silu_and_mul_quant
+    launches = {"silu_quant": 0, "sum": 0}
+    quant, total = activation.silu_and_mul_quant, gemm.sum_partials
+
+    def count(name, fn):
+        def counted(*args):
+            launches[name] += 1
+            return fn(*args)
+
+        return counted
+
+    monkeypatch.setattr(activation, "silu_and_mul_quant", count("silu_quant", quant))
+    monkeypatch.setattr(gemm, "sum_partials", count("sum", total))
+    monkeypatch.setattr(gemm, "configs", lambda device: {})
     monkeypatch.setattr(
-        activation, "silu_and_mul_quant", lambda *a: fused_launches.append(1) or quant(*a)
+        gemm, "default_config", lambda m, block: (False, gemm.m_bucket(m), 32, 128, 2, 4, 2)
     )
     path = fp8_checkpoint(fmt)
     config = ModelConfig.from_pretrained(path)
     model = load_model(config, str(path), dtype=torch.bfloat16, device=torch.device("cuda"))
     prompts = _prompts(config.vocab_size)
-    logits = []
+    layers, logits = config.num_hidden_layers, []
     for fused in (True, False):
         if not fused:
             monkeypatch.setattr(RowParallelLinear, "fp8_weight", property(lambda self: None))
+            monkeypatch.setattr(linear, "tp_size", lambda: 2)
+        launches.update(silu_quant=0, sum=0)
         runner = PagedRunner(model, config, dtype=torch.bfloat16, device=torch.device("cuda"))
         prefill = runner.forward(list(enumerate(prompts)))
         decode = runner.forward([(0, [5]), (1, [9])])
         logits.append(torch.cat([prefill, decode]))
-        if fused:  # every layer's MLP, at both steps
-            assert len(fused_launches) == 2 * config.num_hidden_layers
+        # Per step and layer: qkv and gate_up sum their own partials; unfused, o_proj and down too.
+        assert launches == {"silu_quant": 2 * layers if fused else 0,
+                            "sum": 2 * layers * (2 if fused else 4)}  # fmt: skip
     assert torch.isfinite(logits[0]).all()
     assert torch.equal(logits[0], logits[1])

@@ -27,7 +27,7 @@ from tokenspeed_aio.model.ops.products import linear, norm_linear, norm_linear_r
 from tokenspeed_aio.model.parallel import divide, tp_all_reduce, tp_rank, tp_size
 
 if TYPE_CHECKING:
-    from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows
+    from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows, SplitKPartials
 
     from tokenspeed_aio.model.attention.base import KVWrite
     from tokenspeed_aio.model.quantization.config import QuantConfig
@@ -208,7 +208,12 @@ class RowParallelLinear(_Quantizable):
         self.weight = nn.Parameter(torch.empty(output_size, local))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
-    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor | SplitKPartials:
+        """The layer's output; on one rank without bias an FP8 split-K product may leave its
+        partial sums to the residual-add norm that every row-parallel layer's output goes to
+        (``products.linear``'s ``defer_sum``)."""
+        if self.bias is None and tp_size() == 1:
+            return linear(x, self.operand, defer_sum=True)
         y = tp_all_reduce(linear(x, self.operand))
         return y if self.bias is None else y + self.bias
 

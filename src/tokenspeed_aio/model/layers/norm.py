@@ -8,6 +8,7 @@ elsewhere as the torch ops below. A decoder layer's norms go through the project
 from __future__ import annotations
 
 import torch
+from tokenspeed_kernels.fp8 import SplitKPartials
 from torch import nn
 
 
@@ -25,6 +26,10 @@ class RMSNorm(nn.Module):
         The add happens in the activation dtype and the statistics in float32, as HF does,
         so results match the reference bit for bit in float32 and closely in bf16.
         """
+        if isinstance(x, SplitKPartials):  # an FP8 product's partial sums (fp8_products.py)
+            from tokenspeed_kernels.skinny_gemm import sum_partials
+
+            x = sum_partials(*x)
         if x.is_cuda:
             from tokenspeed_kernels import rmsnorm
 

@@ -11,7 +11,9 @@ a product of more rows is its own launch; where the activation ``feeds`` another
 (the MLP's down projection), that launch also quantizes it for that product
 (``silu_and_mul_quant``, bitwise what ``quantize_rows`` of the activation gives) and returns
 ``QuantizedRows``, which the next product takes as its input with no quantizing launch of its
-own. On the CPU every product is ``fp8.linear``, the torch definition the kernels are tested
+own. A split-K product of more rows whose output goes to a residual-add norm (o_proj, down:
+``defer_sum``) returns its partial sums (``SplitKPartials``), which that norm adds as it loads
+them, one launch fewer. On the CPU every product is ``fp8.linear``, the torch definition the kernels are tested
 against.
 """
 
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from tokenspeed_kernels import fp8
-from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows
+from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows, SplitKPartials
 
 from tokenspeed_aio.model.layers.activation import silu_and_mul
 
@@ -45,13 +47,20 @@ def _group(w: Fp8Weight) -> int | None:
 
 
 def _product(
-    xq, sx, w: Fp8Weight, bias, dtype, act_silu_mul: bool, feeds: Fp8Weight | None = None
-) -> torch.Tensor | QuantizedRows:
+    xq,
+    sx,
+    w: Fp8Weight,
+    bias,
+    dtype,
+    act_silu_mul: bool,
+    feeds: Fp8Weight | None = None,
+    defer_sum: bool = False,
+) -> torch.Tensor | QuantizedRows | SplitKPartials:
     from tokenspeed_kernels.fp8_gemm import fp8_gemm
 
-    y = fp8_gemm(xq, sx, w, bias, dtype)
     if not act_silu_mul:
-        return y
+        return fp8_gemm(xq, sx, w, bias, dtype, defer_sum=defer_sum)
+    y = fp8_gemm(xq, sx, w, bias, dtype)
     if feeds is None:
         return silu_and_mul(y)
     from tokenspeed_kernels.activation import silu_and_mul_quant
@@ -60,10 +69,16 @@ def _product(
 
 
 def linear(
-    x: torch.Tensor | QuantizedRows, w: Fp8Weight, bias: torch.Tensor | None, act_silu_mul: bool
-) -> torch.Tensor:
+    x: torch.Tensor | QuantizedRows,
+    w: Fp8Weight,
+    bias: torch.Tensor | None,
+    act_silu_mul: bool,
+    defer_sum: bool = False,
+) -> torch.Tensor | SplitKPartials:
+    """``products.linear`` on an FP8 weight; ``defer_sum``: a split-K product of more rows may
+    return its partial sums for the residual-add norm after it (module doc)."""
     if isinstance(x, QuantizedRows):  # quantized by the kernel that wrote it (module doc)
-        return _product(x.q, x.scale, w, bias, x.dtype, act_silu_mul)
+        return _product(x.q, x.scale, w, bias, x.dtype, act_silu_mul, defer_sum=defer_sum)
     if not x.is_cuda:
         y = fp8.linear(x, w.q, w.scale, bias, w.input_scale)
         return silu_and_mul(y) if act_silu_mul else y
@@ -76,12 +91,12 @@ def linear(
     from tokenspeed_kernels.fp8_quant import quantize_rows
 
     xq, sx = quantize_rows(x, _group(w), w.input_scale)
-    return _product(xq, sx, w, bias, x.dtype, act_silu_mul)
+    return _product(xq, sx, w, bias, x.dtype, act_silu_mul, defer_sum=defer_sum)
 
 
 def norm_linear(
     norm: RMSNorm,
-    x: torch.Tensor,
+    x: torch.Tensor | SplitKPartials,
     residual: torch.Tensor | None,
     w: Fp8Weight,
     bias: torch.Tensor | None,
@@ -90,7 +105,10 @@ def norm_linear(
 ) -> tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
     """``products.norm_linear`` on an FP8 weight; with ``act_silu_mul`` and ``feeds`` (the FP8
     weight the activation goes to), a product of more rows on CUDA returns the activation as
-    ``QuantizedRows`` for that weight (module doc)."""
+    ``QuantizedRows`` for that weight (module doc). x may be the partial sums of the product
+    before, which the norm adds."""
+    if isinstance(x, SplitKPartials):
+        return _norm_quant_product(norm, x, residual, w, bias, act_silu_mul, feeds)
     if not x.is_cuda:
         normed, h = (norm(x), x) if residual is None else norm(x, residual)
         return linear(normed, w, bias, act_silu_mul), h
@@ -99,10 +117,14 @@ def norm_linear(
 
         tiles = (*_gemv_tiles(w, act_silu_mul, x.device), True)  # the two-pass prologue
         return norm_gemv(x, residual, norm.weight, norm.eps, w, bias, tiles, act_silu_mul)
+    return _norm_quant_product(norm, x, residual, w, bias, act_silu_mul, feeds)
+
+
+def _norm_quant_product(norm, x, residual, w: Fp8Weight, bias, act_silu_mul, feeds):
     from tokenspeed_kernels.rmsnorm import rms_norm_quant
 
     xq, sx, h = rms_norm_quant(x, residual, norm.weight, norm.eps, _group(w), w.input_scale)
-    return _product(xq, sx, w, bias, x.dtype, act_silu_mul, feeds), h
+    return _product(xq, sx, w, bias, h.dtype, act_silu_mul, feeds), h
 
 
 def norm_linear_rope_kv(

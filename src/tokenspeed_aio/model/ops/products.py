@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows
+from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows, SplitKPartials
 
 from tokenspeed_aio.model.layers.activation import silu_and_mul
 from tokenspeed_aio.model.ops import fp8_products
@@ -36,14 +36,16 @@ def linear(
     weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     act_silu_mul: bool = False,
-) -> torch.Tensor:
+    defer_sum: bool = False,
+) -> torch.Tensor | SplitKPartials:
     """``F.linear`` -- followed by ``silu_and_mul`` when ``act_silu_mul`` -- or the Triton
     product for a batch of at most 64 rows (2 to 64 in a 16-bit dtype) where it was measured
     faster. In batch-invariant mode (ops/determinism.py) every 16-bit product is the
     invariant one. ``QuantizedRows`` (a fused producer's output, ``norm_linear``'s
-    ``feeds``) go to an FP8 weight."""
+    ``feeds``) go to an FP8 weight. ``defer_sum``: the output goes to a residual-add norm,
+    so an FP8 split-K product may return its partial sums (``fp8_products.py``)."""
     if isinstance(weight, Fp8Weight):
-        return fp8_products.linear(x, weight, bias, act_silu_mul)
+        return fp8_products.linear(x, weight, bias, act_silu_mul, defer_sum)
     if batch_invariant():
         y = invariant_linear(x, weight, bias)
         return silu_and_mul(y) if act_silu_mul else y
@@ -71,7 +73,7 @@ def linear(
 
 def norm_linear(
     norm: RMSNorm,
-    x: torch.Tensor,
+    x: torch.Tensor | SplitKPartials,
     residual: torch.Tensor | None,
     weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
@@ -85,6 +87,10 @@ def norm_linear(
     FP8 product of more rows quantizes it for (``fp8_products.py``)."""
     if isinstance(weight, Fp8Weight):
         return fp8_products.norm_linear(norm, x, residual, weight, bias, act_silu_mul, feeds)
+    if isinstance(x, SplitKPartials):
+        from tokenspeed_kernels.skinny_gemm import sum_partials
+
+        x = sum_partials(*x)
     if x.is_cuda and x.shape[0] == 1 and not batch_invariant():
         from tokenspeed_kernels.gemv import norm_configs, norm_gemv
 
@@ -102,7 +108,7 @@ def norm_linear(
 
 def norm_linear_rope_kv(
     norm: RMSNorm,
-    x: torch.Tensor,
+    x: torch.Tensor | SplitKPartials,
     residual: torch.Tensor | None,
     weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None,
@@ -113,6 +119,8 @@ def norm_linear_rope_kv(
     (``gemv_rope_kv.norm_gemv_rope_kv``): ``(rotated q, h)``, where its table has the
     weight's shape and RoPE covers whole heads; None elsewhere (the caller runs the
     product, then the attention backend's store)."""
+    if isinstance(x, SplitKPartials):  # more than one row
+        return None
     if isinstance(weight, Fp8Weight):
         return fp8_products.norm_linear_rope_kv(norm, x, residual, weight, bias, kv)
     if not (x.is_cuda and x.shape[0] == 1) or batch_invariant():
