@@ -248,15 +248,20 @@ def _shared_memory(device_index: int | None) -> int:
 
 
 def sum_partials(
-    partials: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None = None
+    partials: torch.Tensor,
+    dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+    silu_mul: bool = False,
 ) -> torch.Tensor:
-    """y [M, N] of ``dtype`` from a split-K workspace [SPLIT_K, M, N] (+ bias): the second
-    launch of a split-K product (module doc)."""
-    split_k, m, n = partials.shape
+    """y [M, N] of ``dtype`` from a split-K workspace [SPLIT_K, M, N] (+ bias; with
+    ``silu_mul`` [SPLIT_K, M, 2N], gates then ups): the second launch of a split-K product
+    (module doc)."""
+    split_k, m, rows = partials.shape
+    n = rows // 2 if silu_mul else rows
     y = torch.empty((m, n), dtype=dtype, device=partials.device)
     _split_k_sum_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
         partials, bias if bias is not None else partials, y, m, n, split_k, y.stride(0),
-        BLOCK=SUM_BLOCK, HAS_BIAS=bias is not None, SILU_MUL=False,
+        BLOCK=SUM_BLOCK, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         PRECISE=precise_math.PRECISE_MATH, **pdl.launch_args(),
     )  # fmt: skip
     return y
@@ -287,10 +292,10 @@ def skinny_gemm(
     config = config or configs(x.device, silu_mul).get((rows, k, block_m), DEFAULT)
     block_n, block_k, split_k, num_warps, num_stages = config
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    out = y
     if split_k > 1:
         out = torch.empty((split_k, m, rows), dtype=torch.float32, device=x.device)
+    else:
+        out = y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     flags = dict(
         HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PRECISE=precise_math.PRECISE_MATH,
         **pdl.launch_args(),
@@ -306,7 +311,5 @@ def skinny_gemm(
         **flags, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split_k > 1:
-        _split_k_sum_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
-            out, bias_arg, y, m, n, split_k, y.stride(0), BLOCK=SUM_BLOCK, **flags
-        )
+        return sum_partials(out, x.dtype, bias, silu_mul)
     return y
