@@ -134,6 +134,10 @@ def test_the_norm_adds_a_split_k_products_partial_sums(group):
     q_ref, s_ref, h_ref = rms_norm_quant(y, residual, g, 1e-6, group)
     assert torch.equal(h, h_ref)
     _bitwise((q, s), (q_ref, s_ref))
+    # The unquantized norm (the model's last, RMSNorm) takes them the same way.
+    normed, h = fused_add_rms_norm(partials, residual, g, 1e-6)
+    normed_ref, h_ref = fused_add_rms_norm(y, residual, g, 1e-6)
+    assert torch.equal(normed, normed_ref) and torch.equal(h, h_ref)
 
 
 def test_fp8_gemm_with_a_static_scale():

@@ -69,8 +69,8 @@ class QuantizedRows(NamedTuple):
 class SplitKPartials(NamedTuple):
     """A split-K product's fp32 partial sums, not yet summed (``fp8_gemm(..., defer_sum=True)``):
     the residual-add norm after it sums them in slice order as it loads x (``rmsnorm``), the
-    values the product's own sum launch would have given; any other consumer sums them with
-    ``skinny_gemm.sum_partials``."""
+    values the product's own sum launch would have given. ``shape`` and ``is_cuda`` are the
+    product's, so the products' dispatch routes it as it would the tensor."""
 
     partials: torch.Tensor  # [SPLIT_K, M, N] fp32
     dtype: torch.dtype  # the product's output dtype
@@ -78,6 +78,10 @@ class SplitKPartials(NamedTuple):
     @property
     def shape(self) -> torch.Size:
         return self.partials.shape[1:]
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.partials.is_cuda
 
 
 def kernel_args(weight: torch.Tensor | Fp8Weight) -> tuple[torch.Tensor, tuple, dict]:

@@ -9,10 +9,10 @@ Layout contract::
 
 A program owns one row (per token: the whole row is one tile, so its amax is one reduction;
 group=128: ``GROUPS`` 128-groups of a row, each its own scale). ``quantize_by_chunk_amax``
-takes rows whose producer also wrote each chunk's amax, a chunk a program. The norm and SwiGLU kernels
-that precede most products quantize their own output the same way (``rmsnorm.py``'s and
-``activation.py``'s ``quant``), so this launch serves the rest (the attention output before
-o_proj). Results equal ``fp8.quantize_rows`` bit for bit.
+takes rows whose producer also wrote each chunk's amax, a chunk a program. The norm and
+SwiGLU kernels that precede most products quantize their own output the same way
+(``rmsnorm.py``'s and ``activation.py``'s ``quant``), so this launch serves the rest (the
+attention output before o_proj). Results equal ``fp8.quantize_rows`` bit for bit.
 """
 
 from __future__ import annotations

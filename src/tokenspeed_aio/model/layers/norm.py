@@ -7,9 +7,13 @@ elsewhere as the torch ops below. A decoder layer's norms go through the project
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from tokenspeed_kernels.fp8 import SplitKPartials
 from torch import nn
+
+if TYPE_CHECKING:
+    from tokenspeed_kernels.fp8 import SplitKPartials
 
 
 class RMSNorm(nn.Module):
@@ -19,18 +23,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(hidden_size))
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor | SplitKPartials, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``norm(x)``; with ``residual``: ``(norm(x + residual), x + residual)``.
 
         The add happens in the activation dtype and the statistics in float32, as HF does,
         so results match the reference bit for bit in float32 and closely in bf16.
         """
-        if isinstance(x, SplitKPartials):  # an FP8 product's partial sums (fp8_products.py)
-            from tokenspeed_kernels.skinny_gemm import sum_partials
-
-            x = sum_partials(*x)
-        if x.is_cuda:
+        if x.is_cuda:  # x may be an FP8 product's partial sums, which the kernel adds
             from tokenspeed_kernels import rmsnorm
 
             if residual is None:

@@ -13,8 +13,8 @@ a product of more rows is its own launch; where the activation ``feeds`` another
 ``QuantizedRows``, which the next product takes as its input with no quantizing launch of its
 own. A split-K product of more rows whose output goes to a residual-add norm (o_proj, down:
 ``defer_sum``) returns its partial sums (``SplitKPartials``), which that norm adds as it loads
-them, one launch fewer. On the CPU every product is ``fp8.linear``, the torch definition the kernels are tested
-against.
+them, one launch fewer. On the CPU every product is ``fp8.linear``, the torch definition the
+kernels are tested against.
 """
 
 from __future__ import annotations
@@ -106,9 +106,7 @@ def norm_linear(
     """``products.norm_linear`` on an FP8 weight; with ``act_silu_mul`` and ``feeds`` (the FP8
     weight the activation goes to), a product of more rows on CUDA returns the activation as
     ``QuantizedRows`` for that weight (module doc). x may be the partial sums of the product
-    before, which the norm adds."""
-    if isinstance(x, SplitKPartials):
-        return _norm_quant_product(norm, x, residual, w, bias, act_silu_mul, feeds)
+    before (more rows, on CUDA), which the norm adds."""
     if not x.is_cuda:
         normed, h = (norm(x), x) if residual is None else norm(x, residual)
         return linear(normed, w, bias, act_silu_mul), h

@@ -87,10 +87,6 @@ def norm_linear(
     FP8 product of more rows quantizes it for (``fp8_products.py``)."""
     if isinstance(weight, Fp8Weight):
         return fp8_products.norm_linear(norm, x, residual, weight, bias, act_silu_mul, feeds)
-    if isinstance(x, SplitKPartials):
-        from tokenspeed_kernels.skinny_gemm import sum_partials
-
-        x = sum_partials(*x)
     if x.is_cuda and x.shape[0] == 1 and not batch_invariant():
         from tokenspeed_kernels.gemv import norm_configs, norm_gemv
 
@@ -119,8 +115,6 @@ def norm_linear_rope_kv(
     (``gemv_rope_kv.norm_gemv_rope_kv``): ``(rotated q, h)``, where its table has the
     weight's shape and RoPE covers whole heads; None elsewhere (the caller runs the
     product, then the attention backend's store)."""
-    if isinstance(x, SplitKPartials):  # more than one row
-        return None
     if isinstance(weight, Fp8Weight):
         return fp8_products.norm_linear_rope_kv(norm, x, residual, weight, bias, kv)
     if not (x.is_cuda and x.shape[0] == 1) or batch_invariant():
