@@ -29,7 +29,12 @@ import torch.nn.functional as F
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.bench.kernel_profile import kernel_breakdown, time_step, write_profile
 from tokenspeed_aio.bench.output import OUT_HELP, default_out_path
-from tokenspeed_aio.bench.roofline import layer_params, measure_matmul_peak, prompt_flops
+from tokenspeed_aio.bench.roofline import (
+    layer_params,
+    measure_matmul_peak,
+    prompt_flops,
+    scaled_mm_product,
+)
 from tokenspeed_aio.bench.shapes import checkpoint_dir
 from tokenspeed_aio.data_plane.batch_inputs import build_host_batch
 from tokenspeed_aio.data_plane.device import build_device_side
@@ -69,17 +74,7 @@ def cublas_rates(config: ModelConfig, tokens: int, peak: float, fp8: bool) -> li
     for name, (n, k) in gemm_shapes(config).items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         a = x[:, :k].to(torch.bfloat16).contiguous()
-        if fp8:
-            aq, wq_t = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t()
-            sa, sw = torch.ones(tokens, 1, device="cuda"), torch.ones(1, n, device="cuda")
-
-            def product(aq=aq, wq_t=wq_t, sa=sa, sw=sw):
-                return torch._scaled_mm(aq, wq_t, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16)
-        else:
-
-            def product(a=a, w=w):
-                return F.linear(a, w)
-
+        product = scaled_mm_product(a, w) if fp8 else lambda a=a, w=w: F.linear(a, w)
         ms = time_step(product, 20)
         flops = 2 * tokens * n * k
         out.append(
