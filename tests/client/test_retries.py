@@ -8,7 +8,7 @@ import contextlib
 
 import httpx
 import pytest
-from server.conftest import free_port
+from helpers.ports import free_port
 
 from tokenspeed_aio.client import APIConnectionError, APIStatusError, AsyncClient
 from tokenspeed_aio.server.app import build_app, serve_http

@@ -3,40 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import random
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from helpers.ports import HOST, free_port
+
 from tokenspeed_aio.collective import Mesh, Rendezvous
-
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (the OS's pick)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def free_base_port(count: int) -> int:
-    """The first of ``count`` consecutive ports nothing listens on right now."""
-    for _ in range(100):
-        base = random.randrange(20000, 60000 - count)
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind((HOST, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 async def run_ranks(

@@ -231,6 +231,24 @@ async def test_a_closed_peer_is_seen_at_once_even_while_waiting_on_another():
     assert "rank 0 was in all_gather #1 over ranks [0, 1, 2]" in str(err)
 
 
+async def test_a_rank_between_collectives_learns_a_peer_is_lost():
+    """``peer_lost`` returns once a peer's connection ends, though no collective runs; a peer
+    already gone when it is called is reported at once."""
+
+    async def body(mesh: Mesh):
+        if mesh.rank == 1:
+            await asyncio.sleep(0.2)
+            await mesh.close()
+            return None
+        started = time.monotonic()
+        why = await asyncio.wait_for(mesh.peer_lost(), 5)
+        return why, time.monotonic() - started, await asyncio.wait_for(mesh.peer_lost(), 1)
+
+    (why, elapsed, again), _ = await run_ranks(2, body)
+    assert why == again == "rank 1 closed its connection (EOF)"
+    assert 0.1 < elapsed < 2.0
+
+
 async def test_a_peer_that_sent_its_part_and_left_still_completes_the_call():
     async def body(mesh: Mesh):
         if mesh.rank == 1:

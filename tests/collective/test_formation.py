@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import pytest
+from helpers.ports import HOST, free_port, free_port_block
 
 from tokenspeed_aio.collective import (
     FormationError,
@@ -13,8 +14,6 @@ from tokenspeed_aio.collective import (
     Rendezvous,
     base_port_addresses,
 )
-
-from .harness import HOST, free_base_port, free_port
 
 
 async def _form_all(connects):
@@ -32,7 +31,7 @@ async def _gather_over(meshes):
 
 async def test_mesh_forms_from_a_base_port():
     world = 3
-    peers = base_port_addresses(world, free_base_port(world))
+    peers = base_port_addresses(world, free_port_block(world))
     meshes = await asyncio.gather(
         *(Mesh.connect(r, world, peers, timeout=10) for r in range(world))
     )

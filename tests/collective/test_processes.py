@@ -9,7 +9,8 @@ import asyncio
 import multiprocessing as mp
 import time
 
-from .harness import free_port
+from helpers.ports import free_port
+
 from .workers import rank_process, run_rank
 
 

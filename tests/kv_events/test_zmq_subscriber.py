@@ -5,12 +5,12 @@ evictions and a flush it equals the scheduler's prefix cache."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
 import zmq
 from helpers.generation import final_outputs
+from helpers.ports import free_port
 
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.kv_events import (
@@ -20,12 +20,6 @@ from tokenspeed_aio.wire.kv_events import (
     BlockStored,
     decode_batch,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Subscriber(threading.Thread):

@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 from helpers.generation import final_outputs
+from helpers.ports import free_port, free_port_block
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
@@ -138,7 +139,7 @@ def test_sigkill_of_a_rank_stops_the_server_nonzero(ckpt, tmp_path):
     path = ckpt("llama")
     ipc = tmp_path / "ipc"
     ipc.mkdir()
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 -- closed in the finally
     server = subprocess.Popen(
         [
@@ -205,20 +206,14 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_form_one_engine(ckpt, tmp_path):
     """--nnodes 2: node 1's rank dials node 0's rendezvous and frontend over TCP."""
     import httpx
 
     path = ckpt("llama")
-    port, base = _free_port(), _free_port()
+    # node 0 serves the rendezvous at base, the frontend's sockets at base+1, base+2, the
+    # replica's torch.distributed rendezvous at base+3
+    port, base = free_port(), free_port_block(4)
     common = [
         *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--tp", "2"),
         *("--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{base}"),
@@ -231,8 +226,12 @@ def test_two_nodes_form_one_engine(ckpt, tmp_path):
             log = stack.enter_context(open(tmp_path / f"node{i}.log", "w"))
             nodes.append(subprocess.Popen(common + role, stdout=log, stderr=subprocess.STDOUT))
             stack.callback(_kill_if_running, nodes[-1])
-        for node in nodes:
-            _wait_for_ranks(node, port, 1, timeout=60)
+        for i, node in enumerate(nodes):
+            try:
+                _wait_for_ranks(node, port, 1, timeout=60)
+            except AssertionError as e:
+                logs = "\n".join((tmp_path / f"node{j}.log").read_text()[-3000:] for j in (0, 1))
+                raise AssertionError(f"node {i}: {e}\n{logs}") from e
         reply = httpx.post(
             f"http://127.0.0.1:{port}/v1/completions",
             json={"model": path.name, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0},
@@ -276,7 +275,7 @@ def test_health_reports_a_stale_rank_and_recovers(ckpt, tmp_path):
     import httpx
 
     path = ckpt("llama")
-    port = _free_port()
+    port = free_port()
     command = [
         *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--port", str(port)),
         *("--num-kv-blocks", "64", "--page-size", "4", "--max-model-len", "256"),

@@ -19,20 +19,13 @@ from pathlib import Path
 
 import httpx
 import psutil
+from helpers.ports import free_port
 from helpers.server import wait_healthy
 
 API_KEY = "reliability-key"
 MODEL = "tiny-llama"
 STARTUP_SECONDS = 120
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 from pathlib import Path
 
 from helpers.generation import final_outputs
+from helpers.ports import free_port
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
@@ -19,12 +19,6 @@ TRAINER = ROOT / "tests" / "helpers" / "trainer.py"
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = parity_prompts()[:5]  # 1 to 64 tokens
 GROUP = "rl-test-group"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Trainer:

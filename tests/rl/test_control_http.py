@@ -11,10 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers.ports import free_port
 from helpers.reference import checkpoint_path
 from helpers.server import wait_healthy
 
-from rl.harness import ROOT, free_port
+from rl.harness import ROOT
 
 
 @pytest.fixture(scope="module")

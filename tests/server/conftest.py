@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvloop
+from helpers.ports import free_port
 from helpers.reference import checkpoint_path
 from helpers.server import wait_healthy
 
@@ -51,12 +51,6 @@ class ServerHandle:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _ServerThread(threading.Thread):

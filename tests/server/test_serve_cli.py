@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 from helpers.instruct import GENERATION_DEFAULTS, hub_cache, make_instruct_checkpoint
+from helpers.ports import free_port
 from helpers.server import wait_healthy
 
 from tokenspeed_aio.cli import build_parser
@@ -34,12 +35,6 @@ def serve_cmd(*flags: str) -> list[str]:
 def run(*flags: str, env=None, timeout=60) -> subprocess.CompletedProcess:
     return subprocess.run(serve_cmd(*flags), capture_output=True, text=True, timeout=timeout,
                           env=env)  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from server.conftest import free_port
+from helpers.ports import free_port
 
 from tokenspeed_aio.server.app import build_app, serve_http
 
