@@ -31,7 +31,8 @@ ENGINE_HELP = {
     "dp": "attention data-parallel replicas",
     "nnodes": "machines the engine's ranks span",
     "node_rank": "this machine's index (node 0 runs the HTTP frontend)",
-    "dist_init_addr": "HOST:PORT on node 0 that every node reaches (needed when nnodes > 1)",
+    "dist_init_addr": "HOST:PORT on node 0 that every node reaches (needed when nnodes > 1); "
+    "node 0 listens on PORT to PORT+2+dp, so pick a PORT below the OS's ephemeral range",
     "page_size": "tokens per KV-cache block (a power of two)",
     "max_model_len": "context length (default: the model's max_position_embeddings)",
     "max_num_seqs": "most requests running at once (default: 256 on CPU; on a GPU 1024, or "

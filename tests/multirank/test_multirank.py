@@ -244,6 +244,39 @@ def test_two_nodes_form_one_engine(ckpt, tmp_path):
         nodes[1].wait(timeout=20)  # its rank saw the frontend go and stopped
 
 
+@pytest.mark.parametrize("taken", [1, 3], ids=["frontend-socket", "torch-rendezvous"])
+def test_a_node_that_fails_its_startup_ends_the_other(ckpt, tmp_path, taken):
+    """A port node 0 needs is taken: node 0 fails naming it; once the mesh has formed, node 1
+    -- whose rank would otherwise wait out torch.distributed's rendezvous -- fails with it."""
+    import socket
+
+    path = ckpt("llama")
+    port, base = free_port(), free_port_block(4)
+    common = [
+        *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--tp", "2"),
+        *("--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{base}"),
+        *("--num-kv-blocks", "128", "--page-size", "4", "--max-model-len", "512"),
+    ]
+    roles = [["--node-rank", "0", "--port", str(port)], ["--node-rank", "1"]]
+    with contextlib.ExitStack() as stack:
+        squatter = stack.enter_context(socket.socket())  # listens, never answers
+        squatter.bind(("127.0.0.1", base + taken))
+        squatter.listen()
+        nodes = []
+        for i, role in enumerate(roles):
+            log = stack.enter_context(open(tmp_path / f"node{i}.log", "w"))
+            nodes.append(subprocess.Popen(common + role, stdout=log, stderr=subprocess.STDOUT))
+            stack.callback(_kill_if_running, nodes[-1])
+        # Node 1 waits for node 0's rendezvous up to the mesh's formation timeout (60 s) when
+        # node 0 fails before its ranks start (the frontend's socket); it is not waited for then.
+        waited = nodes if taken == 3 else nodes[:1]
+        codes = [node.wait(timeout=30) for node in waited]
+    logs = [(tmp_path / f"node{i}.log").read_text() for i in (0, 1)]
+    assert codes[0] != 0 and f"{base + taken}" in logs[0], logs[0][-2000:]
+    if taken == 3:
+        assert codes[1] != 0 and "during startup" in logs[1], logs[1][-2000:]
+
+
 def _kill_if_running(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()

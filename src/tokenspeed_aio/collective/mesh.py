@@ -43,10 +43,12 @@ class Mesh:
         self._groups: dict[tuple[int, ...], Group] = {}
         self._closed = False
         groups = self._groups
+        self._a_peer_lost = lost = asyncio.Event()
 
         # Closes over the group table, not the mesh, which the connections need not keep alive.
         # A lost peer wakes the calls waiting in its groups, whichever peer they wait on.
         def on_lost(peer: int) -> None:
+            lost.set()
             for group in groups.values():
                 if peer in group.ranks:
                     group.wake()
@@ -113,6 +115,18 @@ class Mesh:
     def world(self) -> Group:
         """The group of every rank."""
         return self.group(range(self.world_size))
+
+    async def peer_lost(self) -> str:
+        """Return, saying which and why, once a peer's connection has ended.
+
+        A collective sees a lost peer at once; this is for a rank between collectives (startup,
+        where a torch.distributed rendezvous waits minutes for a peer that already failed).
+        """
+        while True:
+            gone = [f"rank {peer} {link.lost}" for peer, link in self._links.items() if link.lost]
+            if gone:
+                return "; ".join(gone)
+            await self._a_peer_lost.wait()
 
     async def close(self) -> None:
         """Close every connection; calls still waiting raise ``MeshError``. Idempotent.

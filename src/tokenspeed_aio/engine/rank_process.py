@@ -17,6 +17,7 @@ import signal
 import sys
 import traceback
 from dataclasses import dataclass
+from typing import NoReturn
 
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.wire.zmq_client import Endpoints
@@ -53,32 +54,45 @@ def rank_main(launch: RankLaunch, ready_fd: int) -> None:
     def report(kind: str, value: str | None = None) -> None:
         ready.write(json.dumps({"kind": kind, "value": value}).encode() + b"\n")
 
-    try:
-        _run(launch, report)
-    except BaseException as err:
-        logger.error("rank %d failed: %r", launch.rank, err, exc_info=True)
+    def fail(err: BaseException) -> NoReturn:
+        logger.error("rank %d failed: %r", launch.rank, err, exc_info=err)
         if async_logs is not None:  # the records reach the stream before the launcher hears
             async_logs.shutdown()
         try:
-            report("failed", f"{err!r}\n{traceback.format_exc(limit=8)}")
+            report("failed", f"{err!r}\n{''.join(traceback.format_exception(err, limit=8))}")
         except OSError:
             logger.error("the launcher is gone; exiting")
         os._exit(1)
+
+    try:
+        _run(launch, report, fail)
+    except BaseException as err:
+        fail(err)
     if async_logs is not None:
         async_logs.shutdown()
 
 
-def _run(launch: RankLaunch, report) -> None:
+def _run(launch: RankLaunch, report, fail) -> None:
     try:
         import uvloop
 
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    runner(_serve(launch, report))
+    runner(_serve(launch, report, fail))
 
 
-async def _serve(launch: RankLaunch, report) -> None:
+async def _fail_if_a_peer_is_lost(mesh, fail) -> None:
+    """Until the rank is ready: a peer that failed in its startup fails this rank now. This
+    rank may be blocked in its forward thread (a torch.distributed rendezvous waits up to 30
+    minutes for the failed peer), which no cancellation reaches, hence ``fail``'s exit."""
+    from tokenspeed_aio.collective.errors import MeshError
+
+    why = await mesh.peer_lost()
+    fail(MeshError(f"{why} during startup"))
+
+
+async def _serve(launch: RankLaunch, report, fail) -> None:
     from tokenspeed_aio.collective import Mesh, Ranks, Rendezvous
     from tokenspeed_aio.control.faults import FaultInjector
     from tokenspeed_aio.data_plane.specs import RankInfo
@@ -93,6 +107,7 @@ async def _serve(launch: RankLaunch, report) -> None:
         peers = launch.mesh_addresses
         peers = Rendezvous.parse(peers) if isinstance(peers, str) else list(peers)
         mesh = await Mesh.connect(launch.rank, args.world_size, peers)
+        watch = asyncio.ensure_future(_fail_if_a_peer_is_lost(mesh, fail))
     owner = ranks.tp_rank == 0
     transport = (
         ZmqTransport(launch.endpoints.input, launch.endpoints.output, ranks.dp_rank)
@@ -135,6 +150,8 @@ async def _serve(launch: RankLaunch, report) -> None:
                 bootstrap_port=args.disaggregation_bootstrap_port if specs.role == "prefill" else 0,
             )
         )
+    if mesh is not None:
+        watch.cancel()
     report("ready")
     try:
         await rank.serve()

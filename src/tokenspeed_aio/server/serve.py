@@ -81,7 +81,7 @@ async def _serve(args: EngineArgs, ns: argparse.Namespace) -> int:
         return 0
     try:
         engine = starting.result()
-    except (RankFailure, ValueError) as err:
+    except (RankFailure, ValueError, OSError) as err:
         logger.error("engine startup failed: %s", err)
         sock.close()
         return 1

@@ -55,10 +55,16 @@ class ZmqEngineClient:
         self._input = self._ctx.socket(zmq.ROUTER)
         self._input.setsockopt(zmq.LINGER, 0)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown replica is an error
-        self._input.bind(_bind_address(endpoints.input))
         self._output = self._ctx.socket(zmq.PULL)
         self._output.setsockopt(zmq.LINGER, 0)
-        self._output.bind(_bind_address(endpoints.output))
+        for sock, address in ((self._input, endpoints.input), (self._output, endpoints.output)):
+            try:
+                sock.bind(_bind_address(address))
+            except zmq.ZMQError as err:  # a port in use, named, rather than a traceback
+                self._ctx.destroy(linger=0)
+                raise OSError(
+                    err.errno, f"the frontend cannot listen at {address}: {os.strerror(err.errno)}"
+                ) from err
         self.registrations: dict[int, EngineRegistration] = {}
         self._identities: dict[int, bytes] = {}
         self._pending: dict[int, list[InboundMessage]] = {}  # this turn's, by replica
