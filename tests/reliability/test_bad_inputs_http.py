@@ -350,8 +350,8 @@ async def test_after_every_bad_input_the_server_serves_the_same_answers(server, 
 
 async def test_streamed_text_with_unicode_line_separators_stays_one_event_per_line(server):
     """U+2028, U+2029 and U+0085 are line breaks to str.splitlines() (and so to httpx's
-    aiter_lines and this project's AsyncClient) but not to SSE: the echoed prompt
-    carries them into the stream, which both clients must still read event by event."""
+    aiter_lines) but not to SSE: the echoed prompt carries them into the stream, which
+    both httpx's lines and this project's AsyncClient must still read event by event."""
     from tokenspeed_aio.client import AsyncClient
 
     prompt = "one\u2028two\u2029three\x85four"

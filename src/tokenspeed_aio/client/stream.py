@@ -4,7 +4,8 @@ server) when iteration ends, breaks inside ``async with``, or ``aclose()``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import re
+from collections.abc import AsyncGenerator, AsyncIterable
 from typing import Generic, TypeVar
 
 import httpx
@@ -42,7 +43,7 @@ class Stream(Generic[T]):
     async def _read(self, kind: type[T]) -> AsyncGenerator[T, None]:
         decoder = msgspec.json.Decoder(kind)
         try:
-            async for line in self.response.aiter_lines():
+            async for line in event_stream_lines(self.response.aiter_bytes()):
                 if not line.startswith("data:"):
                     continue  # blank separators, comments, other SSE fields
                 data = line[5:].strip()
@@ -57,3 +58,24 @@ class Stream(Generic[T]):
                     raise StreamError(detail) from None
         finally:
             await self.response.aclose()
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+async def event_stream_lines(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, None]:
+    """The lines of an event stream as its specification ends them: at CRLF, LF or CR only.
+    ``str.splitlines`` (and httpx's ``aiter_lines``) also end lines at U+0085, U+2028 and
+    U+2029, which JSON carries unescaped inside strings. Split as bytes, a line never cuts a
+    UTF-8 character: none of its bytes is a CR or an LF."""
+    pending = b""
+    async for chunk in chunks:
+        data = pending + chunk
+        # A CR that ends the data may be the first half of a CRLF: held for the next chunk.
+        cut = len(data) - 1 if data.endswith(b"\r") else len(data)
+        *lines, pending = _LINE_END.split(data[:cut])
+        pending += data[cut:]
+        for line in lines:
+            yield line.decode()
+    if pending:  # the last line, unterminated or ended by a lone CR
+        yield pending.removesuffix(b"\r").decode()

@@ -30,7 +30,7 @@ DONE = b"data: [DONE]\n\n"
 
 # Line breaks to str.splitlines() but not to SSE (U+0085, U+2028, U+2029), which JSON
 # leaves unescaped: escaped, so a client that splits the stream into lines with it
-# (httpx's aiter_lines, this project's AsyncClient) never cuts a payload in two. In
+# (httpx's aiter_lines; AsyncClient splits at the SSE line ends) never cuts a payload. In
 # UTF-8 these byte sequences can only be those characters, inside JSON strings.
 _SPLITLINES_BREAKS = (
     (b"\xc2\x85", b"\\u0085"),
