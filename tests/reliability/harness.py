@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,9 @@ from pathlib import Path
 import httpx
 import psutil
 from helpers.ports import free_port
-from helpers.server import wait_healthy
+from helpers.server import wait_healthy, wait_idle
+
+from tokenspeed_aio.bench.deployment import parse_metrics
 
 API_KEY = "reliability-key"
 MODEL = "tiny-llama"
@@ -68,31 +69,12 @@ class Server:
     async def metrics(self) -> dict[str, float]:
         """/metrics as {name{labels}: value}, the model_name label removed."""
         async with self.client() as c:
-            text = (await c.get("/metrics")).text
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(" ", 1)
-                for label in (f'model_name="{MODEL}",', f',model_name="{MODEL}"'):
-                    key = key.replace(label, "")
-                values[key.replace(f'{{model_name="{MODEL}"}}', "")] = float(value)
-        return values
+            return parse_metrics((await c.get("/metrics")).text, MODEL)
 
     async def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
-        """Poll /metrics until no request runs or waits and no KV block is active;
-        raise naming what is still held."""
-        deadline = time.monotonic() + timeout
-        while True:
-            m = await self.metrics()
-            busy = {k: m[f"tokenspeed:{k}"] for k in IDLE_GAUGES}
-            if not any(busy.values()):
-                return m
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the engine is not idle after {timeout}s: {busy}")
-            await asyncio.sleep(0.05)
-
-
-IDLE_GAUGES = ("num_requests_running", "num_requests_waiting", "kv_blocks_active")
+        """Poll /metrics until nothing of a request is held, from the HTTP layer to the
+        engine's KV blocks; raise naming what still is."""
+        return await wait_idle(self.metrics, timeout)
 
 
 @contextlib.contextmanager

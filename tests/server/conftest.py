@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,11 @@ import uvloop
 from helpers.ports import free_port
 from helpers.reference import checkpoint_path
 from helpers.server import wait_healthy
+from helpers.server import wait_idle as wait_until_idle
 
 from tokenspeed_aio.api.engine import AsyncEngine
 from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.bench.deployment import parse_metrics
 from tokenspeed_aio.server.app import build_app, serve_http
 
 SERVER = "subprocess"  # or "thread" (faster, in-process)
@@ -180,28 +181,10 @@ async def start_engine(server_checkpoint) -> AsyncIterator:
 async def scrape(base_url: str) -> dict[str, float]:
     """/metrics as {name{labels}: value} (label sets as written, minus model_name)."""
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}) as client:
-        text = (await client.get(f"{base_url}/metrics")).text
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            key = key.replace(f'model_name="{MODEL}",', "").replace(f',model_name="{MODEL}"', "")
-            values[key.replace(f'{{model_name="{MODEL}"}}', "")] = float(value)
-    return values
+        return parse_metrics((await client.get(f"{base_url}/metrics")).text, MODEL)
 
 
 async def wait_idle(base_url: str, timeout: float = 10.0) -> dict[str, float]:
-    """Poll /metrics until no request runs or waits and no KV block is held by one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        m = await scrape(base_url)
-        busy = (
-            m["tokenspeed:num_requests_running"],
-            m["tokenspeed:num_requests_waiting"],
-            m["tokenspeed:kv_blocks_active"],
-        )
-        if busy == (0, 0, 0):
-            return m
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still busy after {timeout}s: running, waiting, blocks {busy}")
-        await asyncio.sleep(0.05)
+    """Poll /metrics until nothing of a request is held, from the HTTP layer to the engine's
+    KV blocks; raise naming what still is."""
+    return await wait_until_idle(lambda: scrape(base_url), timeout)

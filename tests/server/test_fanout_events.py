@@ -48,11 +48,14 @@ async def test_an_unknown_output_kind_is_refused_before_submission(start_engine)
     assert engine.frontend.streams == {}
 
 
-def fanout_of(engine, n: int, max_backlog: int, max_tokens: int) -> Fanout:
+def fanout_of(
+    engine, n: int, max_backlog: int, max_tokens: int, registry: RequestRegistry | None = None
+) -> Fanout:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     jobs = [Job(i, 0, f"req-{i}", PROMPT, params) for i in range(n)]
     metrics = ServerMetrics(engine.frontend, "m")
-    return Fanout(engine.frontend, metrics, RequestRegistry(), "req", jobs, max_backlog)
+    registry = registry if registry is not None else RequestRegistry()
+    return Fanout(engine.frontend, metrics, registry, "req", jobs, max_backlog)
 
 
 def render(job: Job, out) -> bytes:
@@ -73,12 +76,34 @@ async def test_events_carry_every_choice_in_order(start_engine):
 
 async def test_a_consumer_that_stops_taking_events_is_cut_off(start_engine):
     engine = await start_engine()
-    fanout = fanout_of(engine, 4, max_backlog=6, max_tokens=200)
+    registry = RequestRegistry()
+    fanout = fanout_of(engine, 4, max_backlog=6, max_tokens=200, registry=registry)
     events = fanout.events(render)
     first = await events.__anext__()  # what came first; then it stops reading
+    assert (registry.requests, registry.sequences) == (1, 4)
     # 200 tokens a choice cannot end with 6 undelivered at most: idle means aborted.
     await engine.wait_idle(60)
+    # Aborted, it no longer counts against admission, though its client has not read.
+    assert (registry.requests, registry.sequences) == (0, 0)
     with pytest.raises(StreamBacklogError, match="--max-stream-backlog"):
         await asyncio.wait_for(events.__anext__(), 10)
     await events.aclose()
     assert b"false" in first  # a choice's first output, not its end
+
+
+async def test_a_request_whose_choices_all_ended_leaves_the_registry_before_it_is_read(
+    start_engine,
+):
+    """Unread output holds no sequence: the request's ids and its admission room are free
+    once every choice ended, and its bytes are still delivered."""
+    engine = await start_engine()
+    registry = RequestRegistry()
+    fanout = fanout_of(engine, 2, max_backlog=512, max_tokens=8, registry=registry)
+    events = fanout.events(render)
+    first = await events.__anext__()
+    await engine.wait_idle(60)
+    assert (registry.requests, registry.sequences) == (0, 0)
+    assert not registry.running("req") and not registry.running("req-0")
+    data = first + b"".join([chunk async for chunk in events])
+    finished = [json.loads(line)[2] for line in data.splitlines()]
+    assert finished.count(True) == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 from openai import AsyncOpenAI
-from server.conftest import scrape
+from server.conftest import scrape, wait_idle
 
 
 async def test_health_is_open_and_ok(http_server):
@@ -41,3 +41,23 @@ async def test_metrics_count_requests_and_tokens(http_server):
     assert delta("tokenspeed:time_per_output_token_seconds_count") == 2 * 3
     assert after["tokenspeed:kv_blocks_total"] > 0
     assert after["tokenspeed:num_requests_running"] == 0
+
+
+async def test_metrics_show_the_frontend_holding_a_stream_and_letting_it_go(http_server):
+    """While a 2-choice stream runs, the HTTP layer holds one request of two choices and the
+    frontend two streams; once its client leaves, every stage comes back to zero."""
+    base, headers = http_server.base_url, http_server.headers
+    body = {"prompt": "a b c", "max_tokens": 400, "n": 2, "ignore_eos": True, "stream": True}
+    async with (
+        httpx.AsyncClient(headers=headers, timeout=60) as client,
+        client.stream("POST", f"{base}/v1/completions", json=body) as response,
+    ):
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                break
+        held = await scrape(base)
+    assert held["tokenspeed:http_requests_running"] == 1
+    assert held["tokenspeed:http_sequences_running"] == 2
+    assert held["tokenspeed:frontend_streams"] == 2
+    idle = await wait_idle(base)  # every IDLE_GAUGES back to zero, the draining rids too
+    assert idle["tokenspeed:frontend_draining_rids"] == 0

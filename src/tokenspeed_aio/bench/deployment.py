@@ -215,7 +215,11 @@ def start_gateway(
 
 def scrape(url: str, model_name: str) -> dict[str, float]:
     """/metrics as {name{labels}: value}, the model_name label removed."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text, model_name)
+
+
+def parse_metrics(text: str, model_name: str) -> dict[str, float]:
+    """Prometheus text as {name{labels}: value}, the model_name label removed."""
     values: dict[str, float] = {}
     label = f'model_name="{model_name}"'
     for line in text.splitlines():

@@ -207,7 +207,7 @@ class Fanout:
         for job in self.jobs[self._unstarted :]:
             if (rid is None or job.rid == rid) and job.rid not in self._aborted:
                 self._aborted.add(job.rid)
-                self._ended.add(job.rid)
+                self._end(job.rid)
                 self._offer(job, self._abort_output(job.rid, None))
                 running.append(job.rid)
         return running
@@ -257,6 +257,7 @@ class Fanout:
         self._events.clear()
         self._unstarted = len(self.jobs)  # the rest never start
         self._ended.update(self._tasks)
+        self.registry.remove(self)  # aborted: all that is left is the error for the client
         self._fail(
             StreamBacklogError(
                 f"the client read the stream too slowly: more than {self.max_backlog} "
@@ -268,11 +269,19 @@ class Fanout:
             if task is not asyncio.current_task():
                 task.cancel()
 
+    def _end(self, rid: str) -> None:
+        """A choice's final output (or error) is queued. Once every choice's is, what is left
+        is output the client has not read: the request no longer holds sequences, nor its
+        ids or the admission room they count against."""
+        self._ended.add(rid)
+        if len(self._ended) == len(self.jobs):
+            self.registry.remove(self)
+
     def _settled(self, job: Job, task: asyncio.Task) -> None:
         """A choice aborted before its task ever ran ends here: a task cancelled before
         its first step runs none of its code, so _run never queued its final output."""
         if job.rid not in self._ended and job.rid in self._aborted:
-            self._ended.add(job.rid)
+            self._end(job.rid)
             self._offer(job, self._abort_output(job.rid, None))
 
     async def _run(self, job: Job) -> None:
@@ -294,7 +303,7 @@ class Fanout:
                     last = out
                     if out.finished:
                         reason = out.finish_reason or "stop"
-                        self._ended.add(job.rid)
+                        self._end(job.rid)
                     if not self._offer(job, out):
                         self._overflow()
                         return  # closing the stream aborts this choice
@@ -302,11 +311,11 @@ class Fanout:
             if job.rid not in self._aborted:
                 raise
             if last is None or not last.finished:  # it may have ended as the abort came
-                self._ended.add(job.rid)
+                self._end(job.rid)
                 self._offer(job, self._abort_output(job.rid, last))
         except Exception as exc:
             reason = "error"
-            self._ended.add(job.rid)
+            self._end(job.rid)
             self._fail(exc)
         finally:
             stats.finish(reason)
@@ -341,6 +350,7 @@ class RequestRegistry:
 
     def __init__(self, idle: IdleTrim | None = None) -> None:
         self._by_id: dict[str, Fanout] = {}
+        self.requests = 0  # registered requests
         self.sequences = 0  # the choices of every registered request
         self.idle = idle  # told when the first request starts and the last one ends
 
@@ -356,14 +366,17 @@ class RequestRegistry:
             self.idle.busy()
         for key in keys:
             self._by_id[key] = fanout
+        self.requests += 1
         self.sequences += len(fanout.jobs)
 
     def remove(self, fanout: Fanout) -> None:
-        if self._by_id.get(fanout.request_id) is fanout:
-            self.sequences -= len(fanout.jobs)
+        """Unregister ``fanout``; nothing when it is not registered (any more)."""
+        if self._by_id.get(fanout.request_id) is not fanout:
+            return
+        self.requests -= 1
+        self.sequences -= len(fanout.jobs)
         for key in (fanout.request_id, *(job.rid for job in fanout.jobs)):
-            if self._by_id.get(key) is fanout:
-                del self._by_id[key]
+            self._by_id.pop(key, None)  # a single choice's rid may be the request's id
         if not self._by_id and self.idle is not None:
             self.idle.idle()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import psutil
 from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
@@ -18,6 +18,9 @@ from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.wire.messages import ITERATION_TOKEN_BUCKETS, TransferRecord
+
+if TYPE_CHECKING:  # generation records its requests' metrics here
+    from tokenspeed_aio.server.generation import RequestRegistry
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
@@ -118,6 +121,19 @@ class ServerMetrics:
             "Scheduler submission to the request's first forward.",
             TTFT_BUCKETS,
         )
+        # The frontend's own load, each stage of the chain from HTTP to the engine: what a
+        # leak anywhere in it would leave above zero once the server is idle.
+        self.http_requests = gauge("http_requests_running", "HTTP generation requests running.")
+        self.http_sequences = gauge(
+            "http_sequences_running", "Choices of the running HTTP requests (prompts x n)."
+        )
+        self.frontend_streams = gauge(
+            "frontend_streams", "Engine requests whose outputs the frontend is streaming."
+        )
+        self.frontend_draining = gauge(
+            "frontend_draining_rids",
+            "Request ids ended in the frontend whose final output the engine has not sent yet.",
+        )
         self.jit_compiles = gauge(
             "jit_serving_compiles", "JIT compilations on the forward threads since serving."
         )
@@ -202,8 +218,13 @@ class ServerMetrics:
         """Start timing one engine request (call at its arrival)."""
         return SequenceStats(self, num_prompt_tokens)
 
-    def render(self, accept: list[str]) -> tuple[bytes, dict[str, str]]:
-        """The exposition text, with the load gauges refreshed from the latest reports."""
+    def render(self, accept: list[str], http: RequestRegistry) -> tuple[bytes, dict[str, str]]:
+        """The exposition text, with the load gauges refreshed from the latest reports and
+        from the frontend's state (``http``: the server's running requests)."""
+        self.http_requests.set(NO_LABELS, http.requests)
+        self.http_sequences.set(NO_LABELS, http.sequences)
+        self.frontend_streams.set(NO_LABELS, len(self.frontend.streams))
+        self.frontend_draining.set(NO_LABELS, len(self.frontend.draining))
         loads = [load for load, _ in self.frontend.loads.values()]
         self.running.set(NO_LABELS, sum(x.running for x in loads))
         self.waiting.set(NO_LABELS, sum(x.waiting for x in loads))

@@ -63,7 +63,7 @@ def info_router(ctx: ServerContext) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:
-        body, headers = ctx.metrics.render(request.headers.getlist("accept"))
+        body, headers = ctx.metrics.render(request.headers.getlist("accept"), ctx.registry)
         return Response(body, headers=headers)
 
     @router.get("/version")
