@@ -24,6 +24,13 @@ from collections.abc import Callable
 
 from tokenspeed_aio.control.pd import FAILED, LANDED, RETIRED, PeerEvent
 from tokenspeed_aio.pd.bootstrap import lookup
+from tokenspeed_aio.pd.decode_rooms import (
+    CLAIMED,
+    QUARANTINED,
+    REGISTERED,
+    DecodeRoom,
+    PrefillLink,
+)
 from tokenspeed_aio.pd.framing import read_frame, write_frame
 from tokenspeed_aio.pd.messages import (
     CONTROL_VERSION,
@@ -55,54 +62,6 @@ logger = logging.getLogger(__name__)
 PROBE_SECONDS = 0.5  # how often a lost prefill rank is probed for proof that it stopped
 RETIRE_GRACE_SECONDS = 0.5  # after that proof, for bytes already in the receiving socket
 
-REGISTERED, CLAIMED, QUARANTINED = "registered", "claimed", "quarantined"
-
-
-class _Room:
-    __slots__ = (
-        "cancelled",
-        "claimed",
-        "created",
-        "failed",
-        "link",
-        "pages",
-        "rid",
-        "room",
-        "state",
-        "where",
-    )
-
-    def __init__(self, rid: str, bootstrap: Bootstrap) -> None:
-        self.rid = rid
-        self.room = bootstrap.room
-        self.where = (bootstrap.host, bootstrap.port)
-        self.state = REGISTERED
-        self.link: _Link | None = None
-        self.pages: list[int] | None = None  # landing pages, once the plan staged them
-        self.created = time.monotonic()
-        self.claimed = 0.0  # when the Claim went out
-        self.cancelled = False  # a Cancel went out: waiting for its acknowledgment
-        self.failed = False  # its FAILED was reported
-
-
-class _Link:
-    """The control connection of this decode rank to one prefill rank."""
-
-    def __init__(self, endpoint: RankEndpoint, where: tuple[str, int]) -> None:
-        self.endpoint = endpoint
-        self.where = where  # the bootstrap server it was found at
-        self.writer: asyncio.StreamWriter | None = None
-        self.rooms: dict[int, _Room] = {}
-        self.alive = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.endpoint.host}:{self.endpoint.port} (rank {self.endpoint.tp_rank})"
-
-    def send(self, message) -> None:
-        if self.alive:
-            write_frame(self.writer, message)
-
 
 class DecodePeer(PeerLoop):
     role = "decode"
@@ -123,10 +82,10 @@ class DecodePeer(PeerLoop):
         self.tp_rank = tp_rank
         self.instance = instance
         self.timeout = timeout
-        self._rooms: dict[str, _Room] = {}
+        self._rooms: dict[str, DecodeRoom] = {}
         self._rosters: dict[tuple[str, int], list[RankEndpoint]] = {}
-        self._links: dict[tuple[str, int, int], _Link] = {}
-        self._connecting: dict[tuple[str, int], asyncio.Future[_Link]] = {}
+        self._links: dict[tuple[str, int, int], PrefillLink] = {}
+        self._connecting: dict[tuple[str, int], asyncio.Future[PrefillLink]] = {}
         self.call(self._start)
 
     def _start(self) -> None:
@@ -134,7 +93,7 @@ class DecodePeer(PeerLoop):
 
     # -- from the control plane ---------------------------------------------------------
     def _register(self, rid: str, bootstrap: Bootstrap) -> None:
-        room = self._rooms[rid] = _Room(rid, bootstrap)
+        room = self._rooms[rid] = DecodeRoom(rid, bootstrap)
         self.spawn(self._attach(room))
 
     def _cancel(self, rid: str) -> None:
@@ -167,7 +126,7 @@ class DecodePeer(PeerLoop):
         self._stage(entries, None)
 
     # -- the room's life ----------------------------------------------------------------
-    async def _attach(self, room: _Room) -> None:
+    async def _attach(self, room: DecodeRoom) -> None:
         try:
             link = await self._link_for(room.where)
         except PeerError as err:
@@ -188,12 +147,12 @@ class DecodePeer(PeerLoop):
         else:
             link.send(Hold(room.room))  # the room is this connection's from here on
 
-    def _claim(self, room: _Room) -> None:
+    def _claim(self, room: DecodeRoom) -> None:
         room.state = CLAIMED
         room.claimed = time.monotonic()
         room.link.send(Claim(room.room, room.pages))
 
-    def _stop(self, room: _Room) -> None:
+    def _stop(self, room: DecodeRoom) -> None:
         """Cancel a room: retire it now if it never advertised pages, else once its
         prefill rank acknowledged (or proved it stopped)."""
         if room.state == REGISTERED:
@@ -204,12 +163,12 @@ class DecodePeer(PeerLoop):
             room.link.send(Cancel(room.room))
         # QUARANTINED: waits for the proof
 
-    def _fail(self, room: _Room, status: int, message: str) -> None:
+    def _fail(self, room: DecodeRoom, status: int, message: str) -> None:
         if not room.failed and not room.cancelled:
             room.failed = True
             self.emit(PeerEvent(room.rid, FAILED, status=status, message=message))
 
-    def _retire(self, room: _Room, event: PeerEvent | None = None) -> None:
+    def _retire(self, room: DecodeRoom, event: PeerEvent | None = None) -> None:
         if self._rooms.get(room.rid) is room:
             del self._rooms[room.rid]
         if room.link is not None:
@@ -236,7 +195,7 @@ class DecodePeer(PeerLoop):
             self._gauges = (0, pages)
 
     # -- links to prefill ranks ---------------------------------------------------------
-    async def _link_for(self, where: tuple[str, int]) -> _Link:
+    async def _link_for(self, where: tuple[str, int]) -> PrefillLink:
         ranks = self._rosters.get(where)
         if ranks is None:
             ranks = await lookup(*where)
@@ -293,8 +252,8 @@ class DecodePeer(PeerLoop):
             await asyncio.wait_for(read_frame(reader, "control"), CONNECT_SECONDS)
             writer.close()
 
-    async def _open(self, endpoint: RankEndpoint, where: tuple[str, int]) -> _Link:
-        link = _Link(endpoint, where)
+    async def _open(self, endpoint: RankEndpoint, where: tuple[str, int]) -> PrefillLink:
+        link = PrefillLink(endpoint, where)
         try:
             reader, writer, welcome = await self._connect(endpoint)
         except (OSError, ConnectionError, TimeoutError) as err:
@@ -318,18 +277,18 @@ class DecodePeer(PeerLoop):
         return link
 
     def _serve_link(
-        self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, link: PrefillLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         self.spawn(self._read(link, reader))
         self.spawn(self._heartbeat(link, writer))
 
-    async def _heartbeat(self, link: _Link, writer: asyncio.StreamWriter) -> None:
+    async def _heartbeat(self, link: PrefillLink, writer: asyncio.StreamWriter) -> None:
         """Ping the prefill rank while this connection of the link lasts."""
         while link.alive and link.writer is writer:
             link.send(Ping())
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
-    async def _read(self, link: _Link, reader: asyncio.StreamReader) -> None:
+    async def _read(self, link: PrefillLink, reader: asyncio.StreamReader) -> None:
         try:
             while True:
                 self._on_message(link, await read_frame(reader, "control"))
@@ -338,7 +297,7 @@ class DecodePeer(PeerLoop):
         finally:
             self._lost(link)
 
-    def _on_message(self, link: _Link, msg) -> None:
+    def _on_message(self, link: PrefillLink, msg) -> None:
         room = link.rooms.get(msg.room)
         if room is None:
             return  # a repeated acknowledgment, or a room already retired
@@ -363,7 +322,7 @@ class DecodePeer(PeerLoop):
         elif isinstance(msg, CancelAck):
             self._retire(room)
 
-    def _lost(self, link: _Link) -> None:
+    def _lost(self, link: PrefillLink) -> None:
         """The prefill rank's connection is gone: its rooms fail; those that advertised
         pages keep them until the rank provably stopped."""
         link.alive = False
@@ -382,7 +341,7 @@ class DecodePeer(PeerLoop):
         if quarantined:
             self.spawn(self._prove_stopped(link))
 
-    async def _prove_stopped(self, link: _Link) -> None:
+    async def _prove_stopped(self, link: PrefillLink) -> None:
         """Retire a lost rank's quarantined rooms once it provably writes no more."""
         while link.rooms:
             try:
