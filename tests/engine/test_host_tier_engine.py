@@ -216,7 +216,6 @@ async def test_constrained_requests_resume_their_grammar_after_restore(
 async def test_metrics_expose_the_tier_and_preemptions(ckpt, start_engine):
     import re
 
-    from tokenspeed_aio.server.generation import RequestRegistry
     from tokenspeed_aio.server.metrics import ServerMetrics
 
     engine = await start_engine(ckpt("llama"), **SMALL_POOL)
@@ -224,7 +223,7 @@ async def test_metrics_expose_the_tier_and_preemptions(ckpt, start_engine):
         await final_outputs(engine, parity_prompts(), GREEDY)
     await engine.check_idle()
     await asyncio.sleep(1.2)  # the idle heartbeat carries the last counts
-    text, _ = ServerMetrics(engine.frontend, "m").render([], RequestRegistry())
+    text, _ = ServerMetrics(engine.frontend, "m").render([], http_requests=0, http_sequences=0)
     values = {
         m[1]: float(m[2])
         for m in re.finditer(r"^(tokenspeed:\w+)\{[^}]*\} (\S+)$", text.decode(), re.M)

@@ -19,7 +19,6 @@ from helpers.apps import serve_apps
 from helpers.instruct import make_instruct_checkpoint
 
 from tokenspeed_aio.control.transport import LoadReporter
-from tokenspeed_aio.server.generation import RequestRegistry
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.options import ServerOptions
 from tokenspeed_aio.wire.messages import Load
@@ -421,7 +420,7 @@ def test_the_iteration_histogram_sums_the_replicas_reports():
         load = Load(0, 0, 0, 0, 16, forward_rounds=len(tokens), forward_tokens=sum(tokens))
         loads[replica] = (reporter.batch([], load).load, 0.0)
     frontend = types.SimpleNamespace(loads=loads, streams={}, draining=set())
-    text = ServerMetrics(frontend, "m").render([], RequestRegistry())[0].decode()
+    text = ServerMetrics(frontend, "m").render([], http_requests=0, http_sequences=0)[0].decode()
     buckets, total, count = iteration_histogram(text)
     cumulative = dict(buckets)
     assert (count, total) == (5, 9033)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import psutil
 from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
@@ -18,9 +18,6 @@ from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
 from tokenspeed_aio.wire.messages import ITERATION_TOKEN_BUCKETS, TransferRecord
-
-if TYPE_CHECKING:  # generation records its requests' metrics here
-    from tokenspeed_aio.server.generation import RequestRegistry
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
@@ -218,11 +215,13 @@ class ServerMetrics:
         """Start timing one engine request (call at its arrival)."""
         return SequenceStats(self, num_prompt_tokens)
 
-    def render(self, accept: list[str], http: RequestRegistry) -> tuple[bytes, dict[str, str]]:
+    def render(
+        self, accept: list[str], *, http_requests: int, http_sequences: int
+    ) -> tuple[bytes, dict[str, str]]:
         """The exposition text, with the load gauges refreshed from the latest reports and
-        from the frontend's state (``http``: the server's running requests)."""
-        self.http_requests.set(NO_LABELS, http.requests)
-        self.http_sequences.set(NO_LABELS, http.sequences)
+        from the frontend's state (the HTTP layer's running requests and their choices)."""
+        self.http_requests.set(NO_LABELS, http_requests)
+        self.http_sequences.set(NO_LABELS, http_sequences)
         self.frontend_streams.set(NO_LABELS, len(self.frontend.streams))
         self.frontend_draining.set(NO_LABELS, len(self.frontend.draining))
         loads = [load for load, _ in self.frontend.loads.values()]

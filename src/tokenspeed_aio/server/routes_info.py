@@ -63,7 +63,11 @@ def info_router(ctx: ServerContext) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:
-        body, headers = ctx.metrics.render(request.headers.getlist("accept"), ctx.registry)
+        body, headers = ctx.metrics.render(
+            request.headers.getlist("accept"),
+            http_requests=ctx.registry.requests,
+            http_sequences=ctx.registry.sequences,
+        )
         return Response(body, headers=headers)
 
     @router.get("/version")
