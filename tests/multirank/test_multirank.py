@@ -211,21 +211,9 @@ def test_two_nodes_form_one_engine(ckpt, tmp_path):
     import httpx
 
     path = ckpt("llama")
-    # node 0 serves the rendezvous at base, the frontend's sockets at base+1, base+2, the
-    # replica's torch.distributed rendezvous at base+3
     port, base = free_port(), free_port_block(4)
-    common = [
-        *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--tp", "2"),
-        *("--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{base}"),
-        *("--num-kv-blocks", "128", "--page-size", "4", "--max-model-len", "512"),
-    ]
-    roles = [["--node-rank", "0", "--port", str(port)], ["--node-rank", "1"]]
     with contextlib.ExitStack() as stack:
-        nodes = []
-        for i, role in enumerate(roles):
-            log = stack.enter_context(open(tmp_path / f"node{i}.log", "w"))
-            nodes.append(subprocess.Popen(common + role, stdout=log, stderr=subprocess.STDOUT))
-            stack.callback(_kill_if_running, nodes[-1])
+        nodes = _start_two_nodes(stack, path, port, base, tmp_path)
         for i, node in enumerate(nodes):
             try:
                 _wait_for_ranks(node, port, 1, timeout=60)
@@ -252,21 +240,11 @@ def test_a_node_that_fails_its_startup_ends_the_other(ckpt, tmp_path, taken):
 
     path = ckpt("llama")
     port, base = free_port(), free_port_block(4)
-    common = [
-        *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--tp", "2"),
-        *("--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{base}"),
-        *("--num-kv-blocks", "128", "--page-size", "4", "--max-model-len", "512"),
-    ]
-    roles = [["--node-rank", "0", "--port", str(port)], ["--node-rank", "1"]]
     with contextlib.ExitStack() as stack:
         squatter = stack.enter_context(socket.socket())  # listens, never answers
         squatter.bind(("127.0.0.1", base + taken))
         squatter.listen()
-        nodes = []
-        for i, role in enumerate(roles):
-            log = stack.enter_context(open(tmp_path / f"node{i}.log", "w"))
-            nodes.append(subprocess.Popen(common + role, stdout=log, stderr=subprocess.STDOUT))
-            stack.callback(_kill_if_running, nodes[-1])
+        nodes = _start_two_nodes(stack, path, port, base, tmp_path)
         # Node 1 waits for node 0's rendezvous up to the mesh's formation timeout (60 s) when
         # node 0 fails before its ranks start (the frontend's socket); it is not waited for then.
         waited = nodes if taken == 3 else nodes[:1]
@@ -275,6 +253,26 @@ def test_a_node_that_fails_its_startup_ends_the_other(ckpt, tmp_path, taken):
     assert codes[0] != 0 and f"{base + taken}" in logs[0], logs[0][-2000:]
     if taken == 3:
         assert codes[1] != 0 and "during startup" in logs[1], logs[1][-2000:]
+
+
+def _start_two_nodes(
+    stack: contextlib.ExitStack, path, port: int, base: int, tmp_path
+) -> list[subprocess.Popen]:
+    """``serve --tp 2 --nnodes 2``, a rank on each node, logs in ``node{i}.log``; killed when
+    ``stack`` closes. Node 0 serves the mesh rendezvous at ``base``, the frontend's sockets
+    at base+1 and base+2, the replica's torch.distributed rendezvous at base+3."""
+    common = [
+        *(sys.executable, "-m", "tokenspeed_aio", "serve", str(path), "--tp", "2"),
+        *("--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{base}"),
+        *("--num-kv-blocks", "128", "--page-size", "4", "--max-model-len", "512"),
+    ]
+    roles = [["--node-rank", "0", "--port", str(port)], ["--node-rank", "1"]]
+    nodes = []
+    for i, role in enumerate(roles):
+        log = stack.enter_context(open(tmp_path / f"node{i}.log", "w"))  # noqa: SIM115 -- the stack closes it
+        nodes.append(subprocess.Popen(common + role, stdout=log, stderr=subprocess.STDOUT))
+        stack.callback(_kill_if_running, nodes[-1])
+    return nodes
 
 
 def _kill_if_running(proc: subprocess.Popen) -> None:
