@@ -8,8 +8,8 @@ from kernel_testing import DEVICE, assert_close, assert_close_fp8_product, gpu_t
 from tokenspeed_kernels import fp8
 from tokenspeed_kernels.activation import silu_and_mul, silu_and_mul_quant
 from tokenspeed_kernels.fp8 import Fp8Weight
-from tokenspeed_kernels.fp8_gemm import fp8_gemm
-from tokenspeed_kernels.fp8_quant import quantize_rows
+from tokenspeed_kernels.fp8_gemm import fp8_gemm, fp8_gemm_silu_mul
+from tokenspeed_kernels.fp8_quant import quantize_by_chunk_amax, quantize_rows
 from tokenspeed_kernels.gemv import gemv, norm_gemv
 from tokenspeed_kernels.rmsnorm import fused_add_rms_norm, rms_norm_quant
 from tokenspeed_kernels.skinny_gemm import sum_partials
@@ -118,6 +118,30 @@ def test_fp8_gemm_matches_the_dequantized_product(kind, m, config):
     assert_close(y, fp8.linear(x, w.q, w.scale, bias))
 
 
+@pytest.mark.parametrize(
+    "m,config",
+    [(5, (False, 16, 16, 64, 1, 4, 2)), (40, (False, 32, 32, 128, 1, 4, 2))],  # 40: two M tiles
+    ids=str,
+)
+def test_fp8_gemm_swiglu_epilogue_writes_what_the_down_product_quantizes(m, config):
+    # gate/up [2d, K] with the activation as the product's epilogue: the plain product with
+    # a program's features of each half, then the SwiGLU; the chunks' amaxes it writes give
+    # each row's per-token quantization. d = 100: the last program's features are partial.
+    d, k = 100, 384
+    w = _weight(2 * d, k, "channel", seed=21)
+    x = _rand(m, k, seed=22)
+    x[1] = 0  # an all-zero row: the floor scale
+    xq, sx = quantize_rows(x)
+    act, amax = fp8_gemm_silu_mul(xq, sx, w, torch.bfloat16, config)
+    block_n = config[2]
+    assert amax.shape == (m, -(-d // block_n))
+    halves = [Fp8Weight(w.q[i * d : (i + 1) * d], w.scale[i * d : (i + 1) * d]) for i in (0, 1)]
+    gate, up = (fp8_gemm(xq, sx, h, None, torch.bfloat16, config) for h in halves)
+    assert torch.equal(act, silu_and_mul(torch.cat([gate, up], dim=1)))
+    assert_close(act, silu_and_mul(fp8.linear(x, w.q, w.scale)))
+    _bitwise(quantize_by_chunk_amax(act, amax, block=64), fp8.quantize_rows(act))
+
+
 @pytest.mark.parametrize("group", [None, GROUP], ids=["token", "group"])
 def test_the_norm_adds_a_split_k_products_partial_sums(group):
     # o_proj/down leave their split-K partials to the residual-add norm after them: the
@@ -159,6 +183,23 @@ def test_scaled_mm_and_triton_agree_on_a_llama_projection_gpu(m):
         fp8_gemm(xq, sx, w, None, torch.bfloat16, (True, 0, 0, 0, 0, 0, 0)), want
     )
     assert_close_fp8_product(fp8_gemm(xq, sx, w, None, torch.bfloat16), want)
+
+
+@gpu_test
+@pytest.mark.parametrize("m", [16, 64])
+def test_fp8_gemm_swiglu_epilogue_on_llamas_gate_up_gpu(m):
+    # The fused epilogue with the device table's tiles: the SwiGLU of the plain product (to
+    # the product's tolerance: another tile of features), and quantized as its own output.
+    from tokenspeed_kernels.fp8_gemm import silu_mul_config
+
+    w = _weight(2 * 14336, 4096, "channel", seed=23)
+    x = _rand(m, 4096, seed=24)
+    xq, sx = quantize_rows(x)
+    config = silu_mul_config(m, w, x.device) or (False, m, 64, 128, 1, 4, 3)
+    act, amax = fp8_gemm_silu_mul(xq, sx, w, torch.bfloat16, config)
+    want = fp8.linear(x, w.q, w.scale)
+    assert_close_fp8_product(act, silu_and_mul(want))
+    _bitwise(quantize_by_chunk_amax(act, amax), fp8.quantize_rows(act))
 
 
 @gpu_test

@@ -52,6 +52,12 @@ class Fp8Weight(NamedTuple):
     def block(self) -> bool:
         return self.scale.dim() == 2
 
+    @property
+    def per_token(self) -> bool:
+        """Whether a product quantizes its x per token (dynamic scales, per-row weights), so
+        that x's producer may quantize it (``QuantizedRows``)."""
+        return not self.block and self.input_scale is None
+
 
 class QuantizedRows(NamedTuple):
     """Activation rows already quantized for an FP8 product (``quantize_rows``' layout) by the

@@ -21,6 +21,15 @@ table (``tuning.py``, written by ``kernels/bench_fp8_gemm.py``):
 
 A shape missing from the table takes ``default_config``: the Triton kernel up to 64 rows,
 ``torch._scaled_mm`` above where it applies (every GPU without a table gets that).
+
+``fp8_gemm_silu_mul`` is a SwiGLU's gate/up product (weight ``[2d, K]``, per-row scales) with
+the activation as the Triton kernel's epilogue (``skinny_gemm``'s ``silu_mul``: y is ``[M, d]``,
+the values of the plain product followed by ``activation.silu_and_mul``), which also writes
+each row's amax over every program's features, so ``fp8_quant.quantize_by_chunk_amax``
+quantizes the activation for the down product with no SwiGLU launch between. Its tiles are
+the plain product's with half the features per half (``silu_mul_config``): the same weight
+bytes a program, the same programs; where the plain product runs ``torch._scaled_mm`` or
+splits K, there is no fused form (None).
 """
 
 from __future__ import annotations
@@ -84,6 +93,47 @@ def fp8_gemm(
             out_dtype=out_dtype,
         )  # fmt: skip
     return _triton(xq, sx, weight, bias, out_dtype, tiles, defer_sum and bias is None)
+
+
+def silu_mul_config(m: int, weight: fp8.Fp8Weight, device) -> tuple[int | bool, ...] | None:
+    """``fp8_gemm_silu_mul``'s tiles for ``m`` rows of gate/up ``weight`` (module doc), or None
+    where it has none."""
+    scaled_mm, block_m, block_n, block_k, split_k, *rest = config_for(m, weight, device)
+    if scaled_mm or split_k > 1 or weight.block or block_n < 128:
+        return None
+    return (False, block_m, block_n // 2, block_k, 1, *rest)
+
+
+def fp8_gemm_silu_mul(
+    xq: torch.Tensor,
+    sx: torch.Tensor,
+    weight: fp8.Fp8Weight,
+    out_dtype: torch.dtype,
+    config: tuple[int | bool, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``silu_and_mul(fp8_gemm(xq, sx, weight))`` [M, d], each row's amax over each
+    program's ``config`` BLOCK_N features [M, cdiv(d, BLOCK_N)]): one launch (module doc)."""
+    m, k = xq.shape
+    rows = weight.shape[0]
+    assert xq.dtype == fp8.FP8 and xq.stride(1) == 1 and weight.shape[1] == k and rows % 2 == 0
+    assert not weight.block, "the fused SwiGLU takes per-row weight scales"
+    _, block_m, block_n, block_k, split_k, num_warps, num_stages = config
+    assert split_k == 1, "the fused SwiGLU's epilogue needs whole sums"
+    n = rows // 2
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    amax = torch.empty((m, triton.cdiv(n, block_n)), dtype=torch.float32, device=xq.device)
+    stride_sx = 0 if sx.dim() == 1 and sx.shape[0] == 1 else sx.stride(0)
+    even = n % block_n == 0 and k % block_k == 0
+    grid = (amax.shape[1], 1, triton.cdiv(m, block_m))
+    _skinny_gemm_kernel[grid](
+        xq, weight.q, weight.q, y, weight.scale, sx, 0, stride_sx, m, n, k, xq.stride(0),
+        y.stride(0), triton.cdiv(k, block_k) * block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIAL=False, EVEN=even,
+        PEEL=_peels(xq, block_m, block_n, block_k, num_stages, True), FP8=1, HAS_BIAS=False,
+        SILU_MUL=True, PRECISE=precise_math.PRECISE_MATH, Amax=amax, stride_am=amax.stride(0),
+        AMAX=True, num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
+    )  # fmt: skip
+    return y, amax
 
 
 def _triton(xq, sx, weight: fp8.Fp8Weight, bias, out_dtype, tiles, defer_sum: bool):

@@ -9,7 +9,8 @@ Layout contract::
 
 A program owns one row (per token: the whole row is one tile, so its amax is one reduction;
 group=128: ``GROUPS`` 128-groups of a row, each its own scale). ``quantize_by_chunk_amax``
-takes rows whose producer also wrote each chunk's amax, a chunk a program. The norm and
+takes rows whose producer also wrote each chunk's amax (the SwiGLU launch, or the gate/up
+product's fused SwiGLU epilogue, ``fp8_gemm.py``). The norm and
 SwiGLU kernels that precede most products quantize their own output the same way
 (``rmsnorm.py``'s and ``activation.py``'s ``quant``), so this launch serves the rest (the
 attention output before o_proj). Results equal ``fp8.quantize_rows`` bit for bit.
@@ -86,20 +87,21 @@ def _quantize_by_amax_kernel(
 
 
 def quantize_by_chunk_amax(
-    x: torch.Tensor, amax: torch.Tensor, chunk: int
+    x: torch.Tensor, amax: torch.Tensor, block: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``quantize_rows(x)`` of rows whose amax the kernel that wrote them took per
-    ``chunk`` values (``amax`` [M, ceil(K / chunk)]): a row's scale is the max of its
-    chunks', so no program needs the whole row."""
+    """Per-token ``quantize_rows(x)`` of rows whose producer also wrote the amax of each chunk
+    of them (``amax`` [M, C]: the chunks cover the row, in any number): a row's scale is the
+    max of its chunks', so no program needs the whole row; a program quantizes ``block``
+    values."""
     m, k = x.shape
-    assert x.stride(1) == 1 and amax.shape == (m, triton.cdiv(k, chunk))
+    assert x.stride(1) == 1 and amax.shape[0] == m and amax.stride(1) == 1
     q = torch.empty((m, k), dtype=fp8.FP8, device=x.device)
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m > 0:
-        _quantize_by_amax_kernel[(m, amax.shape[1])](
+        _quantize_by_amax_kernel[(m, triton.cdiv(k, block))](
             x, q, s, amax, x.stride(0), q.stride(0), amax.stride(0), k, amax.shape[1],
-            BLOCK=chunk, CHUNKS=triton.next_power_of_2(amax.shape[1]),
-            num_warps=min(max(chunk // 256, 1), 8), **pdl.launch_args(),
+            BLOCK=block, CHUNKS=triton.next_power_of_2(amax.shape[1]),
+            num_warps=min(max(block // 256, 1), 8), **pdl.launch_args(),
         )  # fmt: skip
     return q, s
 

@@ -134,6 +134,9 @@ def _skinny_gemm_kernel(
     EVEN: tl.constexpr,  # BLOCK_N divides N, BLOCK_K divides K, and no slice is empty
     PEEL: tl.constexpr,  # the first weight tile before the wait (``_peels``)
     FP8: tl.constexpr = 0,  # 1: e4m3 x and weight, scales per row of each; 2: block scales
+    Amax=None,  # AMAX: [M, cdiv(N, BLOCK_N)] fp32, each row's max |y| over this tile's features
+    stride_am=0,
+    AMAX: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -169,8 +172,10 @@ def _skinny_gemm_kernel(
         acc, acc_up = _step(w, w_up, x_ptrs, k0, offs_k, mask_m, K, acc, acc_up, ws, sx_ptrs,
                             SILU_MUL, FP8)  # fmt: skip
     if FP8 == 1:  # per-row scales of both operands: linear, so before any split-K sum
-        sw = tl.load(W_scale + offs_n, mask=mask_n, other=0.0)[:, None]
-        acc *= sw * tl.load(sx_ptrs, mask=mask_m[None, :], other=0.0)
+        sx = tl.load(sx_ptrs, mask=mask_m[None, :], other=0.0)
+        acc *= tl.load(W_scale + offs_n, mask=mask_n, other=0.0)[:, None] * sx
+        if SILU_MUL:
+            acc_up *= tl.load(W_scale + offs_n + N, mask=mask_n, other=0.0)[:, None] * sx
     mask = mask_n[:, None] & mask_m[None, :]
     out_ptrs = Out + offs_m[None, :] * stride_om + offs_n[:, None]  # y.T's tile
     if PARTIAL:
@@ -183,6 +188,9 @@ def _skinny_gemm_kernel(
         y = _finish(acc, acc_up, Bias + offs_n[:, None], mask_n[:, None], dtype, HAS_BIAS,
                     SILU_MUL, PRECISE)  # fmt: skip
         tl.store(out_ptrs, y, mask=mask)
+        if AMAX:  # masked features hold silu(0) * 0 = 0
+            amax = tl.max(tl.abs(y.to(tl.float32)), 0)
+            tl.store(Amax + offs_m * stride_am + pid_n, amax, mask=mask_m)
 
 
 @triton.jit

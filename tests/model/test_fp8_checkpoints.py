@@ -179,49 +179,68 @@ def test_fp8_kv_cache_on_the_triton_backend_matches_the_torch_backend(checkpoint
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fmt", ["ct-channel", "ct-tensor-static", "fp8-block"])
 def test_the_fused_fp8_launches_of_more_rows_change_no_bit_gpu(fp8_checkpoint, fmt, monkeypatch):
-    # On CUDA an FP8 layer of more rows (fp8_products.py) quantizes the MLP activation in the
-    # SwiGLU launch, for the down projection, and leaves o_proj's and down's split-K partial
-    # sums to the residual-add norm after them. Unfused (no down weight to feed, ``fp8_weight``
-    # None; two ranks as far as the row-parallel layers know, so they sum before the
-    # all-reduce) the products quantize and sum themselves. Every product here splits K in two.
-    from tokenspeed_kernels import activation
+    # On CUDA an FP8 layer of more rows (fp8_products.py) takes the MLP activation quantized
+    # for the down projection -- from the gate/up product's SwiGLU epilogue where down takes
+    # per-token scales, else from the SwiGLU launch -- and leaves o_proj's and down's split-K
+    # partial sums to the residual-add norm after them. Unfused (no down weight to feed,
+    # ``fp8_weight`` None; two ranks as far as the row-parallel layers know, so they sum
+    # before the all-reduce) the products quantize and sum themselves. Every product here
+    # splits K in two but gate/up, whose epilogue needs whole sums.
+    from tokenspeed_kernels import activation, fp8_quant
     from tokenspeed_kernels import fp8_gemm as gemm
 
     from tokenspeed_aio.model.layers import linear
     from tokenspeed_aio.model.layers.linear import RowParallelLinear
 
-    launches = {"silu_quant": 0, "sum": 0}
-    quant, total = activation.silu_and_mul_quant, gemm.sum_partials
+    launches = {"silu_quant": 0, "epilogue": 0, "quantize_rows": 0, "sum": 0}
 
-    def count(name, fn):
+    def count(module, name, key):
+        fn = getattr(module, name)
+
         def counted(*args):
-            launches[name] += 1
+            launches[key] += 1
             return fn(*args)
 
-        return counted
+        monkeypatch.setattr(module, name, counted)
 
-    monkeypatch.setattr(activation, "silu_and_mul_quant", count("silu_quant", quant))
-    monkeypatch.setattr(gemm, "sum_partials", count("sum", total))
-    monkeypatch.setattr(gemm, "configs", lambda device: {})
-    monkeypatch.setattr(
-        gemm, "default_config", lambda m, block: (False, gemm.m_bucket(m), 32, 128, 2, 4, 2)
-    )
+    count(activation, "silu_and_mul_quant", "silu_quant")
+    count(gemm, "fp8_gemm_silu_mul", "epilogue")
+    count(fp8_quant, "quantize_rows", "quantize_rows")
+    count(gemm, "sum_partials", "sum")
     path = fp8_checkpoint(fmt)
     config = ModelConfig.from_pretrained(path)
+    gate_up = 2 * config.intermediate_size
+    qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    qkv_sums = int(qkv != gate_up)
+
+    class Tiles(dict):
+        def get(self, key, default=None):
+            n, _, _, m = key
+            return (False, m, 128, 128, 1, 4, 2) if n == gate_up else (False, m, 32, 128, 2, 4, 2)
+
+    monkeypatch.setattr(gemm, "configs", lambda device: Tiles())
     model = load_model(config, str(path), dtype=torch.bfloat16, device=torch.device("cuda"))
     prompts = _prompts(config.vocab_size)
     layers, logits = config.num_hidden_layers, []
+    per_token = fmt == "ct-channel"
     for fused in (True, False):
         if not fused:
             monkeypatch.setattr(RowParallelLinear, "fp8_weight", property(lambda self: None))
             monkeypatch.setattr(linear, "tp_size", lambda: 2)
-        launches.update(silu_quant=0, sum=0)
+        launches.update(dict.fromkeys(launches, 0))
         runner = PagedRunner(model, config, dtype=torch.bfloat16, device=torch.device("cuda"))
         prefill = runner.forward(list(enumerate(prompts)))
         decode = runner.forward([(0, [5]), (1, [9])])
         logits.append(torch.cat([prefill, decode]))
-        # Per step and layer: qkv and gate_up sum their own partials; unfused, o_proj and down too.
-        assert launches == {"silu_quant": 2 * layers if fused else 0,
-                            "sum": 2 * layers * (2 if fused else 4)}  # fmt: skip
+        # Per forward (a prefill, a decode of two rows) and layer: qkv sums its own partials
+        # (unless its shape is gate/up's, whose tiles do not split), unfused o_proj and down
+        # too; o_proj quantizes its input, unfused down too.
+        swiglu = 2 * layers if fused else 0
+        assert launches == {
+            "silu_quant": 0 if per_token else swiglu,
+            "epilogue": swiglu if per_token else 0,
+            "quantize_rows": 2 * layers * (1 if fused else 2),
+            "sum": 2 * layers * (qkv_sums + (0 if fused else 2)),
+        }
     assert torch.isfinite(logits[0]).all()
     assert torch.equal(logits[0], logits[1])

@@ -6,12 +6,14 @@ the norm where one precedes it, then RoPE and the KV write as the qkv product's 
 for 16-bit weights); its tiles come from the device's ``fp8_gemv`` table (else
 ``gemv.DEFAULT``). More rows are quantized by the kernel before the product -- the norm's
 (``rms_norm_quant``) where one precedes it, else ``fp8_quant.quantize_rows`` -- and
-multiplied by ``fp8_gemm`` (Triton or ``torch._scaled_mm``, per its table). A SwiGLU after
-a product of more rows is its own launch; where the activation ``feeds`` another FP8 product
-(the MLP's down projection), that launch also quantizes it for that product
-(``silu_and_mul_quant``, bitwise what ``quantize_rows`` of the activation gives) and returns
-``QuantizedRows``, which the next product takes as its input with no quantizing launch of its
-own. A split-K product of more rows whose output goes to a residual-add norm (o_proj, down:
+multiplied by ``fp8_gemm`` (Triton or ``torch._scaled_mm``, per its table). Where a SwiGLU's
+activation ``feeds`` another FP8 product (the MLP's down projection) it comes quantized for
+that product as ``QuantizedRows``, which the next product takes as its input with no
+quantizing launch of its own (bitwise what ``quantize_rows`` of the activation gives): for a
+down product taking per-token scales, from the gate/up product's SwiGLU epilogue and a
+quantizing launch (``fp8_gemm_silu_mul``) where the Triton kernel runs that product whole,
+else from a SwiGLU launch that also quantizes (``silu_and_mul_quant``). A SwiGLU feeding
+nothing quantized is its own launch. A split-K product of more rows whose output goes to a residual-add norm (o_proj, down:
 ``defer_sum``) returns its partial sums (``SplitKPartials``), which that norm adds as it loads
 them, one launch fewer. On the CPU every product is ``fp8.linear``, the torch definition the
 kernels are tested against.
@@ -60,6 +62,15 @@ def _product(
 
     if not act_silu_mul:
         return fp8_gemm(xq, sx, w, bias, dtype, defer_sum=defer_sum)
+    if feeds is not None and feeds.per_token and bias is None:
+        from tokenspeed_kernels.fp8_gemm import fp8_gemm_silu_mul, silu_mul_config
+
+        config = silu_mul_config(xq.shape[0], w, xq.device)
+        if config is not None:  # the SwiGLU as the product's epilogue (module doc)
+            from tokenspeed_kernels.fp8_quant import quantize_by_chunk_amax
+
+            act, amax = fp8_gemm_silu_mul(xq, sx, w, dtype, config)
+            return QuantizedRows(*quantize_by_chunk_amax(act, amax), dtype)
     y = fp8_gemm(xq, sx, w, bias, dtype)
     if feeds is None:
         return silu_and_mul(y)
