@@ -29,7 +29,9 @@ to x's dtype after the bias; the order differs from cuBLAS's, so results agree w
 program owns features ``f`` of both halves (rows ``f`` and ``d + f``; ``BLOCK_N`` counts one
 half). Each product rounds to x's dtype and ``silu(gate) * up`` rounds as
 ``activation.silu_and_mul``: the same values as the plain product with the same config
-followed by that kernel.
+followed by that kernel. On e4m3 operands (``fp8_gemm.fp8_gemm_silu_mul``) the epilogue may
+also write each row's amax over the program's features (``AMAX``), from which
+``fp8_quant.quantize_by_chunk_amax`` quantizes the activation per token.
 
 Both launches are programmatic dependent launches where the GPU has one (``pdl.py``), as
 ``gemv``'s are: a program loads its slice's first weight tile -- no kernel writes a weight --
