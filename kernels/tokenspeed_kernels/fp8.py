@@ -5,8 +5,12 @@ The definitions (torch here; the same math in Triton in fp8_jit.py, which the ke
 so that the engine's CPU path never imports Triton)::
 
     scale(amax) = max(amax / 448, MIN_SCALE)                 fp32, an IEEE division
-    q(x, s)     = e4m3(clamp(x / s, -448, 448))              round to nearest even
+    q(x, s)     = e4m3(min(max(x / s, -448), 448))           round to nearest even
     dq(q, s)    = float(q) * s
+
+The clamp's min and max are IEEE maxNum/minNum, as the GPU's (and Triton's) are: a NaN
+operand yields the other, so NaN quantizes to -448 and nothing stored is ever non-finite
+(a KV cache's page tails are read, weighted by zero, ``kv_layout.py``).
 
 A weight is stored quantized with one fp32 scale per output row (``"channel"``; a checkpoint
 scaled per tensor is held so too, each shard's scale repeated over its rows) or one per
@@ -119,8 +123,11 @@ def scale_of(amax: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``q(x, scale)``; ``scale`` broadcasts against x (fp32)."""
-    return torch.clamp(x.float() / scale, -FP8_MAX, FP8_MAX).to(FP8)
+    """``q(x, scale)``; ``scale`` broadcasts against x (fp32). ``fmax``/``fmin``, not
+    ``clamp``: NaN goes to -448 as in the kernels (module doc)."""
+    y = x.float() / scale
+    bound = torch.tensor(FP8_MAX, device=y.device)
+    return torch.fmin(torch.fmax(y, -bound), bound).to(FP8)
 
 
 def quantize_rows(

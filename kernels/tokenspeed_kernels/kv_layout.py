@@ -22,8 +22,9 @@ engine's CPU path imports it.
 
 The decode and extend kernels read a dim-major V cache a whole page at a time, so the slots
 of a sequence's last page past its length are read too, weighted by zero: they must hold
-finite values. The pool is zeroed when allocated and when resumed, and the kernels' e4m3
-conversion saturates (``fp8_jit.to_e4m3``), so no writer leaves a non-finite one.
+finite values. The pool is zeroed when allocated and when resumed, and every e4m3 writer --
+the kernels (``fp8_jit.to_e4m3``) and the torch path (``fp8.quantize``) -- clamps with
+maxNum/minNum (infinities saturate, NaN goes to -448), so none leaves a non-finite one.
 """
 
 from __future__ import annotations

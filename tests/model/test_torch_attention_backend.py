@@ -136,3 +136,26 @@ def test_backend_with_missing_dependency_fails_clearly(monkeypatch):
     monkeypatch.setitem(registry._FACTORIES, "flashinfer", factory)
     with pytest.raises(ValueError, match=r"'flashinfer' is unavailable.*No module named"):
         create_backend("flashinfer")
+
+
+def test_an_fp8_cache_stores_non_finite_values_as_finite_ones():
+    # A slot past a row's length on its last page is still read (weighted by zero) by the
+    # kernels' page-at-a-time V loads, so a NaN a block's earlier owner left there would
+    # poison the next owner's rows: every e4m3 store saturates infinities and takes NaN to
+    # -448, as the kernels' conversion does.
+    from tokenspeed_kernels import fp8
+
+    from tokenspeed_aio.model.attention.torch_backend import store_kv
+
+    (k_cache,), (v_cache,) = allocate_kv_cache(
+        1, 3, PAGE, HKV, D, dtype=fp8.FP8, device=torch.device("cpu")
+    )
+    k = torch.full((2, HKV, D), float("nan"))
+    v = torch.full((2, HKV, D), float("inf"))
+    v[1] = -float("inf")
+    scales = (torch.ones(HKV), torch.full((HKV,), 0.5))
+    store_kv(k, v, k_cache, v_cache, torch.tensor([PAGE, PAGE + 1]), scales)
+    k_stored, v_stored = k_cache.float()[1, :2], v_cache.float()[1, :2]
+    assert torch.equal(k_stored, torch.full_like(k_stored, -448.0))
+    assert torch.equal(v_stored[0], torch.full_like(v_stored[0], 448.0))
+    assert torch.equal(v_stored[1], torch.full_like(v_stored[1], -448.0))
