@@ -107,3 +107,32 @@ async def test_a_request_whose_choices_all_ended_leaves_the_registry_before_it_i
     data = first + b"".join([chunk async for chunk in events])
     finished = [json.loads(line)[2] for line in data.splitlines()]
     assert finished.count(True) == 2
+
+
+async def test_a_stream_holds_its_ids_before_its_headers_and_frees_them_unstarted(start_engine):
+    # The streamed response registers its request when it is made, so a second request with
+    # one of its ids is refused before any header went out; a client gone while its headers
+    # were still being written (the events never started) leaves the ids free once the
+    # response is done, and nothing was submitted.
+    from tokenspeed_aio.errors import RequestConflictError
+    from tokenspeed_aio.server.openai_common import stream_response
+
+    engine = await start_engine()
+    registry = RequestRegistry()
+    fanout = fanout_of(engine, 2, max_backlog=512, max_tokens=8, registry=registry)
+    response = stream_response(fanout, fanout.events(render))
+    assert registry.running("req") and registry.running("req-1")
+    other = fanout_of(engine, 2, max_backlog=512, max_tokens=8, registry=registry)
+    with pytest.raises(RequestConflictError, match="is already running"):
+        stream_response(other, other.events(render))
+    assert (registry.requests, registry.sequences) == (1, 2)
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        await asyncio.Event().wait()  # a socket that takes nothing, not even the headers
+
+    await asyncio.wait_for(response({"type": "http"}, receive, send), 10)
+    assert (registry.requests, registry.sequences) == (0, 0)
+    assert engine.frontend.streams == {}

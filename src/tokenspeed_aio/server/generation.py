@@ -128,18 +128,31 @@ class Fanout:
         self._unfinished = len(jobs)
         self._error: BaseException | None = None
         self._ready = asyncio.Event()
+        self._registered = False
+
+    def register(self) -> None:
+        """Register under the request's ids (RequestConflictError when one is taken), once:
+        a streamed response registers before its headers go out, so that a conflict is its
+        status (409), and then owns the registration (``release`` when it is done)."""
+        if not self._registered:
+            self.registry.add(self)
+            self._registered = True
+
+    def release(self) -> None:
+        """Unregister; nothing when already unregistered."""
+        self.registry.remove(self)
 
     @contextlib.asynccontextmanager
     async def _running(self) -> AsyncGenerator[None, None]:
         """Registered and starting its choices; on exit every choice is cancelled and
         awaited (cancelling one aborts its engine request)."""
-        self.registry.add(self)  # first: a request racing us for an id is refused here
+        self.register()  # first: a request racing us for an id is refused here
         self._start_slice()
         starter = asyncio.create_task(self._start_rest(), name=f"{self.request_id}-start")
         try:
             yield
         finally:
-            self.registry.remove(self)
+            self.release()
             starter.cancel()
             for task in self._tasks.values():
                 task.cancel()

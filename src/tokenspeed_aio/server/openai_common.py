@@ -21,7 +21,7 @@ from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.body import json_response
 from tokenspeed_aio.server.errors import ApiError, error_payload, payload_for
 from tokenspeed_aio.server.generation import Fanout, Job
-from tokenspeed_aio.server.streaming import DONE, sse_event
+from tokenspeed_aio.server.streaming import DONE, EventStream, sse_event
 from tokenspeed_aio.server.structured import structured_output
 
 logger = logging.getLogger(__name__)
@@ -149,6 +149,14 @@ async def collect(fanout: Fanout) -> dict[int, RequestOutput]:
             if out.finished:
                 finals[job.index] = out
     return finals
+
+
+def stream_response(fanout: Fanout, events: AsyncGenerator[bytes, None]) -> EventStream:
+    """The SSE response of ``fanout``'s ``events``: the fanout is registered first, so a
+    taken request id is refused with a 409 before any header goes out, and the response
+    releases it when done, also where its events never started."""
+    fanout.register()
+    return EventStream(events, on_close=fanout.release)
 
 
 async def sse_stream(

@@ -41,10 +41,11 @@ from tokenspeed_aio.server.openai_common import (
     respond,
     sampling_params,
     sse_stream,
+    stream_response,
     truncate_prompt,
     usage,
 )
-from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
+from tokenspeed_aio.server.streaming import cancel_on_disconnect
 from tokenspeed_aio.server.tool_choice import plan_tools
 from tokenspeed_aio.tokenization.parsers import ParsedCall
 
@@ -229,7 +230,7 @@ def chat_router(ctx: ServerContext) -> APIRouter:
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:
             events = sse_stream(fanout, view.chunks, view.last_chunks, request_id)
-            return EventStream(events)
+            return stream_response(fanout, events)
         finals = await cancel_on_disconnect(request.receive, collect(fanout))
         return await respond(lambda: view.completion(jobs, finals), finals, logprobs)
 

@@ -28,10 +28,11 @@ from tokenspeed_aio.server.openai_common import (
     respond,
     sampling_params,
     sse_stream,
+    stream_response,
     truncate_prompt,
     usage,
 )
-from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
+from tokenspeed_aio.server.streaming import cancel_on_disconnect
 
 PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
@@ -193,7 +194,7 @@ def completions_router(ctx: ServerContext) -> APIRouter:
         fanout = ctx.fanout(request_id, jobs)
         if req.stream:
             events = sse_stream(fanout, view.chunks, view.last_chunks, request_id)
-            return EventStream(events)
+            return stream_response(fanout, events)
         finals = await cancel_on_disconnect(request.receive, collect(fanout))
         return await respond(lambda: view.completion(jobs, finals), finals, req.logprobs)
 

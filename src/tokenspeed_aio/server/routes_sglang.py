@@ -29,8 +29,14 @@ from tokenspeed_aio.server.bootstrap import assign_bootstrap
 from tokenspeed_aio.server.context import ServerContext
 from tokenspeed_aio.server.errors import ApiError
 from tokenspeed_aio.server.generation import Job, make_jobs, tokenize
-from tokenspeed_aio.server.openai_common import collect, parse_logit_bias, renamed, sse_stream
-from tokenspeed_aio.server.streaming import EventStream, cancel_on_disconnect
+from tokenspeed_aio.server.openai_common import (
+    collect,
+    parse_logit_bias,
+    renamed,
+    sse_stream,
+    stream_response,
+)
+from tokenspeed_aio.server.streaming import cancel_on_disconnect
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 # SamplingParams' names for SGLang's, so a validation error names the field sent.
@@ -188,7 +194,8 @@ def sglang_router(ctx: ServerContext) -> APIRouter:
             def render(job: Job, out: RequestOutput) -> list[GenerateResult]:
                 return [result(job, out, arrival, batch)]
 
-            return EventStream(sse_stream(fanout, render, None, request_id, cumulative=True))
+            events = sse_stream(fanout, render, None, request_id, cumulative=True)
+            return stream_response(fanout, events)
         finals = await cancel_on_disconnect(request.receive, collect(fanout))
         results = [result(job, finals[job.index], arrival, batch) for job in jobs]
         return json_response(results if batch else results[0])

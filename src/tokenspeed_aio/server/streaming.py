@@ -75,11 +75,15 @@ async def cancel_on_disconnect(receive: Callable[[], Awaitable[dict]], work: Awa
 
 class EventStream(Response):
     """A ``text/event-stream`` response of pre-encoded events that stops, and closes its
-    source, as soon as the client disconnects."""
+    source, as soon as the client disconnects. ``on_close`` runs when the response is done,
+    whether or not its source ever started (a client gone before the first event)."""
 
-    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+    def __init__(
+        self, events: AsyncGenerator[bytes, None], on_close: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(status_code=200)
         self.events = events
+        self.on_close = on_close
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         started = scope.get("extensions", {}).get(STREAM_EXTENSION)
@@ -93,6 +97,8 @@ class EventStream(Response):
             for t in (streamer, watcher):
                 t.cancel()
             await asyncio.gather(streamer, watcher, return_exceptions=True)
+            if self.on_close is not None:
+                self.on_close()
         if not streamer.cancelled() and streamer.exception() is not None:
             exc = streamer.exception()
             if not isinstance(exc, OSError):  # OSError: the client went away mid-write
