@@ -5,6 +5,9 @@ import torch
 from tokenspeed_kernels import fp8_gemm, gemv, gemv_rope_kv, skinny_gemm, tuning
 
 H200 = "NVIDIA_H200"
+# Tables whose H200 file is empty: not measured on an H200 yet, so the engine takes the
+# unfused path there (docs/performance.md).
+EMPTY_ON_H200 = {"fp8_gemm_silu_mul"}
 FILES = sorted(tuning.CONFIG_DIR.glob("*/device_name=*.json"))
 
 
@@ -33,6 +36,7 @@ def _accessors(device=None) -> dict:
         "skinny_gemm_silu_mul": skinny_gemm.configs(device, silu_mul=True),
         "fp8_gemv": gemv.fp8_configs(device),
         "fp8_gemm": fp8_gemm.configs(device),
+        "fp8_gemm_silu_mul": fp8_gemm.silu_mul_configs(device),
     }
 
 
@@ -57,7 +61,7 @@ def test_every_file_parses_with_its_tables_fields_in_the_writers_format(file):
 
 def test_the_h200_lookup_hands_out_the_shipped_files():
     for kernel, expected in _h200_files().items():
-        assert expected, f"{kernel}: the H200 table is empty"
+        assert bool(expected) != (kernel in EMPTY_ON_H200), f"{kernel}: the H200 table's entries"
         assert dict(tuning.table(kernel, device_name=H200)) == expected, kernel
 
 

@@ -26,10 +26,11 @@ A shape missing from the table takes ``default_config``: the Triton kernel up to
 the activation as the Triton kernel's epilogue (``skinny_gemm``'s ``silu_mul``: y is ``[M, d]``,
 the values of the plain product followed by ``activation.silu_and_mul``), which also writes
 each row's amax over every program's features, so ``fp8_quant.quantize_by_chunk_amax``
-quantizes the activation for the down product with no SwiGLU launch between. Its tiles are
-the plain product's with half the features per half (``silu_mul_config``): the same weight
-bytes a program, the same programs; where the plain product runs ``torch._scaled_mm`` or
-splits K, there is no fused form (None).
+quantizes the activation for the down product with no SwiGLU launch between. Its tiles come
+from the device's ``fp8_gemm_silu_mul`` table (``silu_mul_config``, keyed by the weight's
+[2d, K] and the row bucket, BLOCK_N counting one half's features), written by
+``kernels/bench_fp8_swiglu.py`` where that chain measured faster than the product, the
+SwiGLU launch and the quantizing launch; elsewhere the engine takes those three.
 """
 
 from __future__ import annotations
@@ -95,13 +96,22 @@ def fp8_gemm(
     return _triton(xq, sx, weight, bias, out_dtype, tiles, defer_sum and bias is None)
 
 
+def silu_mul_configs(device: torch.device | None = None) -> Mapping[tuple[int, int, int], tuple]:
+    """``device``'s (N, K, m_bucket) -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of
+    ``fp8_gemm_silu_mul`` (module doc). Empty where not measured."""
+    return tuning.table("fp8_gemm_silu_mul", device)
+
+
 def silu_mul_config(m: int, weight: fp8.Fp8Weight, device) -> tuple[int | bool, ...] | None:
-    """``fp8_gemm_silu_mul``'s tiles for ``m`` rows of gate/up ``weight`` (module doc), or None
-    where it has none."""
-    scaled_mm, block_m, block_n, block_k, split_k, *rest = config_for(m, weight, device)
-    if scaled_mm or split_k > 1 or weight.block or block_n < 128:
+    """``fp8_gemm_silu_mul``'s config for ``m`` rows of gate/up ``weight`` from the device's
+    table, or None where the fused chain was not measured faster (module doc)."""
+    if weight.block:
         return None
-    return (False, block_m, block_n // 2, block_k, 1, *rest)
+    tiles = silu_mul_configs(device).get((*weight.shape, m_bucket(m)))
+    if tiles is None:
+        return None
+    block_m, block_n, block_k, num_warps, num_stages = tiles
+    return (False, block_m, block_n, block_k, 1, num_warps, num_stages)
 
 
 def fp8_gemm_silu_mul(

@@ -87,6 +87,10 @@ TABLES: dict[str, Fields] = {
     # epilogue, BLOCK_HALF = BLOCK_N / 2), and every larger batch, Triton or torch._scaled_mm.
     "fp8_gemv": Fields(("N", "K", "block", "silu_mul"), _GEMV),
     "fp8_gemm": Fields(("N", "K", "block", "m_bucket"), ("scaled_mm", "BLOCK_M", *_SKINNY)),
+    # gate/up with the SwiGLU as its epilogue (BLOCK_N: one half's features), per-row scales
+    "fp8_gemm_silu_mul": Fields(
+        ("N", "K", "m_bucket"), ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+    ),
 }
 
 Key = tuple[int | bool, ...]

@@ -216,9 +216,12 @@ def test_the_fused_fp8_launches_of_more_rows_change_no_bit_gpu(fp8_checkpoint, f
     class Tiles(dict):
         def get(self, key, default=None):
             n, _, _, m = key
-            return (False, m, 128, 128, 1, 4, 2) if n == gate_up else (False, m, 32, 128, 2, 4, 2)
+            return (False, m, 32, 128, 1 if n == gate_up else 2, 4, 2)
 
     monkeypatch.setattr(gemm, "configs", lambda device: Tiles())
+    fused_tiles = {(gate_up, config.hidden_size, b): (min(b, 64), 64, 128, 4, 2)
+                   for b in (16, 32, 64, 128, 256, 512)}  # fmt: skip
+    monkeypatch.setattr(gemm, "silu_mul_configs", lambda device: fused_tiles)
     model = load_model(config, str(path), dtype=torch.bfloat16, device=torch.device("cuda"))
     prompts = _prompts(config.vocab_size)
     layers, logits = config.num_hidden_layers, []
