@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from tokenspeed_aio.sampling_params import SamplingParams
-from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
+from tokenspeed_aio.server.generation import Fanout, Job
 from tokenspeed_aio.server.metrics import ServerMetrics
+from tokenspeed_aio.server.request_registry import RequestRegistry
 
 
 async def test_abort_before_the_choice_runs_ends_the_stream(start_engine):

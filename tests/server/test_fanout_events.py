@@ -13,8 +13,9 @@ import json
 import pytest
 
 from tokenspeed_aio.sampling_params import SamplingParams
-from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry, StreamBacklogError
+from tokenspeed_aio.server.generation import Fanout, Job, StreamBacklogError
 from tokenspeed_aio.server.metrics import ServerMetrics
+from tokenspeed_aio.server.request_registry import RequestRegistry
 
 PROMPT = [5, 6, 7, 8]
 PARAMS = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=2)

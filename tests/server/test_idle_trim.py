@@ -75,8 +75,9 @@ async def test_trims_are_at_most_one_per_interval():
 
 async def test_the_registry_reports_idle_when_its_last_request_ends(start_engine):
     from tokenspeed_aio.sampling_params import SamplingParams
-    from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
+    from tokenspeed_aio.server.generation import Fanout, Job
     from tokenspeed_aio.server.metrics import ServerMetrics
+    from tokenspeed_aio.server.request_registry import RequestRegistry
 
     engine = await start_engine()
     calls = []

@@ -8,11 +8,12 @@ from typing import Any
 
 from tokenspeed_aio.api.frontend import Frontend
 from tokenspeed_aio.server.errors import ApiError
-from tokenspeed_aio.server.generation import Fanout, Job, RequestRegistry
+from tokenspeed_aio.server.generation import Fanout, Job
 from tokenspeed_aio.server.idle_trim import IdleTrim
 from tokenspeed_aio.server.logprobs import TokenTexts
 from tokenspeed_aio.server.metrics import ServerMetrics
 from tokenspeed_aio.server.options import ServerOptions
+from tokenspeed_aio.server.request_registry import RequestRegistry
 from tokenspeed_aio.tokenization.parsers import (
     REASONING_PARSERS,
     TOOL_PARSERS,

@@ -17,11 +17,10 @@ import msgspec
 
 from tokenspeed_aio.api.frontend import ASYNC_TOKENIZE_CHARS, Frontend
 from tokenspeed_aio.api.outputs import RequestOutput
-from tokenspeed_aio.errors import RequestConflictError
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.server.errors import ApiError
-from tokenspeed_aio.server.idle_trim import IdleTrim
 from tokenspeed_aio.server.metrics import ServerMetrics
+from tokenspeed_aio.server.request_registry import RequestRegistry
 from tokenspeed_aio.tokenization.tokenizer import Tokenizer
 from tokenspeed_aio.wire.messages import Bootstrap
 
@@ -355,52 +354,3 @@ class Fanout:
             num_cached_tokens=last.num_cached_tokens,
             num_tokens=last.num_tokens,
         )
-
-
-class RequestRegistry:
-    """Running HTTP requests by their id and by each choice's engine rid, so that
-    /abort_request can end either a whole request or one choice."""
-
-    def __init__(self, idle: IdleTrim | None = None) -> None:
-        self._by_id: dict[str, Fanout] = {}
-        self.requests = 0  # registered requests
-        self.sequences = 0  # the choices of every registered request
-        self.idle = idle  # told when the first request starts and the last one ends
-
-    def add(self, fanout: Fanout) -> None:
-        """Register a fanout under its ids; RequestConflictError (nothing registered) when
-        one of them is taken. The route checked them already, but two requests with one
-        rid can both get through that check before either is registered."""
-        keys = {fanout.request_id, *(job.rid for job in fanout.jobs)}
-        taken = next((key for key in keys if key in self._by_id), None)
-        if taken is not None:
-            raise RequestConflictError(f"rid: request {taken!r} is already running", param="rid")
-        if not self._by_id and self.idle is not None:
-            self.idle.busy()
-        for key in keys:
-            self._by_id[key] = fanout
-        self.requests += 1
-        self.sequences += len(fanout.jobs)
-
-    def remove(self, fanout: Fanout) -> None:
-        """Unregister ``fanout``; nothing when it is not registered (any more)."""
-        if self._by_id.get(fanout.request_id) is not fanout:
-            return
-        self.requests -= 1
-        self.sequences -= len(fanout.jobs)
-        for key in (fanout.request_id, *(job.rid for job in fanout.jobs)):
-            self._by_id.pop(key, None)  # a single choice's rid may be the request's id
-        if not self._by_id and self.idle is not None:
-            self.idle.idle()
-
-    def running(self, request_id: str) -> bool:
-        return request_id in self._by_id
-
-    def abort(self, rid: str) -> list[str]:
-        fanout = self._by_id.get(rid)
-        if fanout is None:
-            return []
-        return fanout.abort(None if rid == fanout.request_id else rid)
-
-    def abort_all(self) -> list[str]:
-        return [rid for fanout in set(self._by_id.values()) for rid in fanout.abort()]
