@@ -11,8 +11,9 @@ activation ``feeds`` another FP8 product (the MLP's down projection) it comes qu
 that product as ``QuantizedRows``, which the next product takes as its input with no
 quantizing launch of its own (bitwise what ``quantize_rows`` of the activation gives): for a
 down product taking per-token scales, from the gate/up product's SwiGLU epilogue and a
-quantizing launch (``fp8_gemm_silu_mul``) where the Triton kernel runs that product whole,
-else from a SwiGLU launch that also quantizes (``silu_and_mul_quant``). A SwiGLU feeding
+quantizing launch (``fp8_gemm_silu_mul``) where the device's ``fp8_gemm_silu_mul`` table
+has the shape and row bucket (measured faster there), else from a SwiGLU launch that also
+quantizes (``silu_and_mul_quant``). A SwiGLU feeding
 nothing quantized is its own launch. A split-K product of more rows whose output goes to a residual-add norm (o_proj, down:
 ``defer_sum``) returns its partial sums (``SplitKPartials``), which that norm adds as it loads
 them, one launch fewer. On the CPU every product is ``fp8.linear``, the torch definition the
