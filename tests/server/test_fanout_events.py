@@ -137,3 +137,33 @@ async def test_a_stream_holds_its_ids_before_its_headers_and_frees_them_unstarte
     await asyncio.wait_for(response({"type": "http"}, receive, send), 10)
     assert (registry.requests, registry.sequences) == (0, 0)
     assert engine.frontend.streams == {}
+
+
+async def test_a_stream_aborted_before_its_events_started_ends_with_its_abort(start_engine):
+    # A registered stream (its headers not yet out) can be reached by /abort_request before
+    # its events start: its choices end as aborted, and the stream then renders those ends
+    # and finishes instead of waiting for outputs that will never come.
+    from tokenspeed_aio.server.openai_common import stream_response
+
+    engine = await start_engine()
+    registry = RequestRegistry()
+    fanout = fanout_of(engine, 2, max_backlog=512, max_tokens=8, registry=registry)
+    events = fanout.events(render)
+    stream_response(fanout, events)
+    assert sorted(registry.abort_all()) == ["req-0", "req-1"]
+    data = b"".join([chunk async for chunk in _bounded(events, 10)])
+    records = [json.loads(line) for line in data.splitlines()]
+    assert sorted((r[0], r[1], r[2]) for r in records) == [(0, [], True), (1, [], True)]
+    assert (registry.requests, registry.sequences) == (0, 0)
+    assert engine.frontend.streams == {}
+
+
+async def _bounded(source, seconds: float):
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            yield await asyncio.wait_for(
+                anext(source), deadline - asyncio.get_running_loop().time()
+            )
+        except StopAsyncIteration:
+            return

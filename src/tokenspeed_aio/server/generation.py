@@ -179,6 +179,14 @@ class Fanout:
         as much as has come each time, until every choice finished; an error (the
         engine's, render's, the backlog's) is raised after the bytes before it."""
         self._render = render
+        # What was offered before this consumer came (a registered stream aborted before
+        # its events started: each choice's abort output) is rendered first.
+        while self._queue.qsize():
+            job = self._queue.get_nowait()
+            if isinstance(job, BaseException):
+                self._fail(job)
+            else:
+                self._append(job, self._held.pop(job.rid))
         async with self._running():
             while True:
                 if self._events:
