@@ -8,8 +8,8 @@ import contextlib
 
 import httpx
 import pytest
-from helpers.ports import free_port
 
+from tokenspeed_aio.bench.ports import free_port
 from tokenspeed_aio.client import APIConnectionError, APIStatusError, AsyncClient
 from tokenspeed_aio.server.app import build_app, serve_http
 

@@ -6,8 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from helpers.ports import HOST, free_port
-
+from tokenspeed_aio.bench.ports import HOST, free_port
 from tokenspeed_aio.collective import Mesh, Rendezvous
 
 

@@ -6,8 +6,8 @@ import asyncio
 import socket
 
 import pytest
-from helpers.ports import HOST, free_port, free_port_block
 
+from tokenspeed_aio.bench.ports import HOST, free_port, free_port_block
 from tokenspeed_aio.collective import (
     FormationError,
     Mesh,

@@ -9,7 +9,7 @@ import asyncio
 import multiprocessing as mp
 import time
 
-from helpers.ports import free_port
+from tokenspeed_aio.bench.ports import free_port
 
 from .workers import rank_process, run_rank
 

@@ -10,8 +10,8 @@ import time
 
 import zmq
 from helpers.generation import final_outputs
-from helpers.ports import free_port
 
+from tokenspeed_aio.bench.ports import free_port
 from tokenspeed_aio.sampling_params import SamplingParams
 from tokenspeed_aio.wire.kv_events import (
     END_OF_REPLAY,

@@ -14,11 +14,11 @@ import time
 import psutil
 import pytest
 from helpers.generation import final_outputs
-from helpers.ports import free_port, free_port_block
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
 from tokenspeed_aio import AsyncEngine, EngineArgs, SamplingParams
+from tokenspeed_aio.bench.ports import free_port, free_port_block
 from tokenspeed_aio.errors import EngineDeadError
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

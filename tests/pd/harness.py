@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from tokenspeed_aio.bench import deployment
-from tokenspeed_aio.bench.deployment import Proc, free_port, start_gateway, wait_engine
+from tokenspeed_aio.bench.deployment import Proc, start_gateway, wait_engine
+from tokenspeed_aio.bench.ports import free_port
 
 __all__ = ["MODEL", "Proc", "free_port", "scrape", "start_engine", "start_gateway", "wait_clean"]
 __all__ += ["wait_engine"]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 import psutil
-from helpers.ports import free_port
 from helpers.server import wait_healthy, wait_idle
 
 from tokenspeed_aio.bench.deployment import parse_metrics
+from tokenspeed_aio.bench.ports import free_port
 
 API_KEY = "reliability-key"
 MODEL = "tiny-llama"

@@ -15,11 +15,11 @@ import time
 import httpx
 import psutil
 from helpers.hostile import hostile_rounds
-from helpers.ports import free_port
 from helpers.workload import run_workload
 from rl.harness import GROUP, Trainer
 
 from reliability.harness import GREEDY, run_server
+from tokenspeed_aio.bench.ports import free_port
 
 L2 = {"kvstore_ratio": 2, "num_kv_blocks": 48, "max_num_seqs": 16}
 

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from helpers.generation import final_outputs
-from helpers.ports import free_port
 from helpers.prompts import parity_prompts
 from helpers.reference import hf_greedy
 
+from tokenspeed_aio.bench.ports import free_port
 from tokenspeed_aio.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers.ports import free_port
 from helpers.reference import checkpoint_path
 from helpers.server import wait_healthy
 
 from rl.harness import ROOT
+from tokenspeed_aio.bench.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ as they were and the engine serves on with them."""
 from __future__ import annotations
 
 import pytest
-from helpers.ports import free_port
 
 from rl.harness import GROUP, Trainer, assert_matches, generate
 from tokenspeed_aio.api.control import EngineControlError
+from tokenspeed_aio.bench.ports import free_port
 
 SMALL = dict(max_model_len=512, page_size=4, num_kv_blocks=256, max_num_seqs=8)
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import httpx
 import pytest
 import uvloop
-from helpers.ports import free_port
 from helpers.reference import checkpoint_path
 from helpers.server import wait_healthy
 from helpers.server import wait_idle as wait_until_idle
@@ -32,6 +31,7 @@ from helpers.server import wait_idle as wait_until_idle
 from tokenspeed_aio.api.engine import AsyncEngine
 from tokenspeed_aio.args import EngineArgs
 from tokenspeed_aio.bench.deployment import parse_metrics
+from tokenspeed_aio.bench.ports import free_port
 from tokenspeed_aio.server.app import build_app, serve_http
 
 SERVER = "subprocess"  # or "thread" (faster, in-process)

@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 from helpers.instruct import GENERATION_DEFAULTS, hub_cache, make_instruct_checkpoint
-from helpers.ports import free_port
 from helpers.server import wait_healthy
 
+from tokenspeed_aio.bench.ports import free_port
 from tokenspeed_aio.cli import build_parser
 from tokenspeed_aio.engine_flags import engine_args_from
 

@@ -12,8 +12,8 @@ import time
 
 import httpx
 import pytest
-from helpers.ports import free_port
 
+from tokenspeed_aio.bench.ports import free_port
 from tokenspeed_aio.server.app import build_app, serve_http
 
 

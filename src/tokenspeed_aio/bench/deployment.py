@@ -20,13 +20,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from tokenspeed_aio.bench.ports import free_port
+
 STARTUP_SECONDS = 600  # an 8B-shaped engine captures its CUDA graphs at start
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
