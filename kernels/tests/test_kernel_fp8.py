@@ -105,6 +105,21 @@ def test_fp8_gemv_norm_prologue_and_swiglu_epilogue(kind):
     assert_close(y, silu_and_mul(want))
 
 
+def test_fp8_gemv_prologue_reads_x_in_several_chunks():
+    # One warp: the prologue's chunk is 512 values (``gemv.prologue_block``), so 1,200 are
+    # three chunks, the last partial; the row's largest value sits in the last one, so the
+    # scale is right only where the amax and the sum of squares cover every chunk.
+    k = 1200
+    w = _weight(64, k, "channel", seed=15)
+    x, r, g = _rand(1, k, seed=16), _rand(1, k, seed=17), _rand(k, seed=18)
+    x[0, 1100] = 40.0
+    assert_close(gemv(x, w, None, (8, 256, 1, 1)), fp8.linear(x, w.q, w.scale))
+    y, h = norm_gemv(x, r, g, 1e-6, w, None, (8, 256, 1, 1, True))
+    normed, h_ref = fused_add_rms_norm(x, r, g, 1e-6)
+    assert torch.equal(h, h_ref)
+    assert_close(y, fp8.linear(normed, w.q, w.scale))
+
+
 @pytest.mark.parametrize(
     "kind,m,config",
     [

@@ -156,20 +156,22 @@ def products(
     W_scale, X_scale, stride_ws,
     BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PAIRED: tl.constexpr, NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PDL: tl.constexpr, EVEN: tl.constexpr,
-    FP8: tl.constexpr = 0, STATIC: tl.constexpr = False,
+    FP8: tl.constexpr = 0, STATIC: tl.constexpr = False, BLOCK_P: tl.constexpr = 0,
 ):  # fmt: skip
     """fp32 ``x . W[rows] + bias[rows]`` (x: the normed h with NORM, module doc), and the same
     for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h. Only the weight, which
     no kernel writes, is read before ``pdl.wait_prior``: the first tile (module doc). FP8 (module doc): 0 a 16-bit
     weight; 1 e4m3 with a scale per row of ``W_scale``, x quantized by its amax (a prologue
     loop) or by the static ``X_scale``; 2 e4m3 with 128 x 128 block scales ``W_scale``
-    (row stride ``stride_ws``), x quantized per 128-group."""
+    (row stride ``stride_ws``), x quantized per 128-group. The prologue loops (the two-pass
+    norm's sum of squares, the amax) read x in chunks of ``BLOCK_P`` (``prologue_block``)."""
     offs_k = tl.arange(0, BLOCK_K)
+    offs_p = tl.arange(0, BLOCK_P)
     w_ptrs = W + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     b_ptrs = W + rows_b.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros(rows.shape, dtype=tl.float32)
     acc_b = tl.zeros(rows.shape, dtype=tl.float32)
-    sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)  # of h, lane by lane
+    sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)  # the one-pass prologue's, lane by lane
     h_end = tl.where(writes_h, K, 0)
     # FP8 == 2: each row's block row of scales (a masked row reads row 0's)
     ws = W_scale + (tl.where(mask_n, rows, 0) // 128) * stride_ws
@@ -186,18 +188,19 @@ def products(
     rstd = 1.0  # the two-pass prologue's, known before its product loop
     start = 0
     if NORM and TWO_PASS:
-        for k0 in range(0, K, BLOCK_K):
-            h = _load_h(X, Residual, k0 + offs_k, (k0 + offs_k) < K, HAS_RESIDUAL).to(tl.float32)
-            sum_sq += h * h
-        rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
+        squares = tl.zeros((BLOCK_P,), dtype=tl.float32)
+        for p0 in range(0, K, BLOCK_P):
+            h = _load_h(X, Residual, p0 + offs_p, (p0 + offs_p) < K, HAS_RESIDUAL).to(tl.float32)
+            squares += h * h
+        rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
     sx = 1.0  # FP8 == 1: x's scale, known before the product loop
     if FP8 == 1:
         if STATIC:
             sx = tl.load(X_scale)
         else:
-            amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                x, _ = _chunk(k0, offs_k, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
+            amax = tl.zeros((BLOCK_P,), dtype=tl.float32)
+            for p0 in range(0, K, BLOCK_P):
+                x, _ = _chunk(p0, offs_p, amax, rstd, X, Residual, NormW, ResidualOut, K,
                               h_end, NORM, HAS_RESIDUAL, TWO_PASS, False)  # fmt: skip
                 amax = tl.maximum(amax, tl.abs(x))
             sx = fp8_jit.scale_of_amax(tl.max(amax, 0))
@@ -260,6 +263,7 @@ def _gemv_kernel(
     EVEN: tl.constexpr,  # BLOCK_N divides N and BLOCK_K divides K
     FP8: tl.constexpr,
     STATIC: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # the prologue loops' chunk (``prologue_block``)
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -268,6 +272,7 @@ def _gemv_kernel(
         X, W, Bias, Residual, NormW, ResidualOut, offs_n, offs_n + N, mask_n, K, stride_wn, eps,
         pid == 0, W_scale, X_scale, stride_ws,
         BLOCK_K, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, TWO_PASS, PDL, EVEN, FP8, STATIC,
+        BLOCK_P,
     )  # fmt: skip
     y = acc.to(Y.dtype.element_ty)
     if SILU_MUL:
@@ -321,6 +326,14 @@ def pointer_args(x, weight, bias, y, norm_weight, residual, h) -> tuple[tuple, d
     return args, fp8_flags
 
 
+def prologue_block(k: int, num_warps: int) -> int:
+    """The chunk in which ``products``' prologue loops read x: all of it where a thread's share
+    stays at 16 values, so that a program's norm and amax take one or two dependent L2 reads
+    of x before its product starts, where a chunk of the product's BLOCK_K took K / BLOCK_K
+    (the weight tiles after the first wait on them)."""
+    return min(triton.next_power_of_2(k), 16 * 32 * num_warps)
+
+
 def check_tiles(weight, block_k: int, norm: bool, two_pass: bool) -> None:
     """A block-scaled weight's K chunks hold whole 128-groups; an FP8 product's norm prologue
     rounds the normed input as the norm kernel does (x is quantized from those values)."""
@@ -354,7 +367,8 @@ def _launch(
         BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, TWO_PASS=two_pass,
         PRECISE=precise_math.PRECISE_MATH, EVEN=n % block_n == 0 and x.shape[1] % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages, **fp8_flags, **pdl.launch_args(),
+        BLOCK_P=prologue_block(x.shape[1], num_warps), num_warps=num_warps,
+        num_stages=num_stages, **fp8_flags, **pdl.launch_args(),
     )  # fmt: skip
     return y
 

@@ -40,6 +40,7 @@ from tokenspeed_kernels.gemv import (
     norm_output,
     pointer_args,
     products,
+    prologue_block,
 )
 from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
@@ -64,6 +65,7 @@ def _gemv_rope_kv_kernel(
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr,
     EVEN: tl.constexpr,  # BLOCK_HALF divides HALF and BLOCK_K divides K
     FP8: tl.constexpr, STATIC: tl.constexpr,  # the weight's (``gemv.products``)
+    BLOCK_P: tl.constexpr,  # the prologue loops' chunk (``gemv.prologue_block``)
 ):  # fmt: skip
     pid = tl.program_id(0)
     per_head = (HALF + BLOCK_HALF - 1) // BLOCK_HALF  # programs
@@ -74,7 +76,7 @@ def _gemv_rope_kv_kernel(
     acc1, acc2 = products(
         X, W, Bias, Residual, NormW, ResidualOut, rows, rows + HALF, mask, K, stride_wn, eps,
         pid == 0, W_scale, X_scale, stride_ws,
-        BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS, PDL, EVEN, FP8, STATIC,
+        BLOCK_K, HAS_BIAS, True, True, HAS_RESIDUAL, TWO_PASS, PDL, EVEN, FP8, STATIC, BLOCK_P,
     )  # fmt: skip
     x1 = acc1.to(Q.dtype.element_ty)  # the product's rounding, as gemv's output
     x2 = acc2.to(Q.dtype.element_ty)
@@ -168,7 +170,7 @@ def norm_gemv_rope_kv(
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, BLOCK_HALF=block_half,
         BLOCK_K=block_k, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         TWO_PASS=two_pass, PRECISE=precise_math.PRECISE_MATH,
-        EVEN=half % block_half == 0 and k % block_k == 0,
+        EVEN=half % block_half == 0 and k % block_k == 0, BLOCK_P=prologue_block(k, num_warps),
         num_warps=num_warps, num_stages=num_stages, **fp8_flags, **pdl.launch_args(),
     )  # fmt: skip
     return q, h
