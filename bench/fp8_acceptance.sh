@@ -5,11 +5,12 @@
 #   bash bench/fp8_acceptance.sh STAGE OUTDIR        STAGE: all | tables | tests | llama-fp8 |
 #                                                           llama-bf16 | qwen3-block | profile
 #
-#   tables       kernels/bench_fp8_gemm.py --write-config: the FP8 kernels' picks per shape
-#                (Triton tiles vs torch._scaled_mm) into this GPU's fp8_gemv / fp8_gemm
-#                tables, then kernels/bench_fp8_swiglu.py --write-config: the gate/up
-#                product's SwiGLU epilogue where it beats the SwiGLU launch (the
-#                fp8_gemm_silu_mul table); the written files are copied to OUTDIR/configs/
+#   tables       kernels/bench_fp8_gemm.py --write-config: the FP8 kernels' picks per Llama
+#                shape (Triton tiles vs torch._scaled_mm) into this GPU's fp8_gemv / fp8_gemm
+#                tables (Qwen3's block-scaled entries stay as they are), then
+#                kernels/bench_fp8_swiglu.py --write-config: the gate/up product's SwiGLU
+#                epilogue where it beats the SwiGLU launch (the fp8_gemm_silu_mul table);
+#                the written files are copied to OUTDIR/configs/
 #   tests        the gpu-marked FP8 kernel tests
 #   llama-fp8    fixed-1k 1000/1000 on Llama-3.1-8B, compressed-tensors per-channel FP8
 #                weights (dummy) + FP8 KV cache: c=1 (batch-1 TPOT), c=64, c=512 (max
@@ -41,8 +42,8 @@ run() {  # name, timeout seconds, command...
 }
 
 stage_tables() {
-    run tables 130 python3 kernels/bench_fp8_gemm.py --write-config --budget-s 90 \
-        --json "$out/fp8-gemm-h200.json"
+    run tables 150 python3 kernels/bench_fp8_gemm.py --models llama --write-config \
+        --budget-s 110 --json "$out/fp8-gemm-h200.json"
     run swiglu-table 50 python3 kernels/bench_fp8_swiglu.py --buckets 32 64 --write-config \
         --json "$out/fp8-swiglu-h200.json"
     mkdir -p "$out/configs"

@@ -16,7 +16,10 @@ arrive quantized (the quantization kernel is the same for both implementations).
 - One row (``fp8_gemv``, key (N, K, block, silu_mul)): ``gemv`` on the e4m3 weight over
   ``GEMV_GRID``, plain and, for gate_up, with the SwiGLU epilogue; ``torch._scaled_mm`` at
   one row is timed beside it for the record (the engine's one-row products always take the
-  Triton kernel, which also runs the norm prologue and the RoPE/KV epilogue).
+  Triton kernel, which also runs the norm prologue and the RoPE/KV epilogue). The
+  projections the engine runs after a norm (``NORMED``: qkv, whose entry the RoPE/KV launch
+  takes, and gate_up) are timed with the residual-add norm prologue (``norm_gemv``, two
+  passes), whose reads of x every program repeats: a tile of fewer rows pays it more often.
 - More rows (``fp8_gemm``, key (N, K, block, m_bucket)): the Triton kernel over
   ``GEMM_GRID`` (and ``WIDE_K_GRID`` for per-row scales; BLOCK_M = the bucket up to 64, else
   64 and 128) against ``torch._scaled_mm``
@@ -41,7 +44,8 @@ from tokenspeed_kernels import fp8, tuning
 from tokenspeed_kernels.fp8 import Fp8Weight
 from tokenspeed_kernels.fp8_gemm import fp8_gemm, m_bucket
 from tokenspeed_kernels.fp8_quant import quantize_rows
-from tokenspeed_kernels.gemv import gemv
+from tokenspeed_kernels.gemv import gemv, norm_gemv
+from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
 from triton.runtime.errors import OutOfResources
 
 MODELS = {
@@ -50,6 +54,7 @@ MODELS = {
     "qwen3": ("block", [("qkv", 6144, 4096), ("o_proj", 4096, 4096),
                         ("gate_up", 24576, 4096), ("down", 4096, 12288)]),
 }  # fmt: skip
+NORMED = ("qkv", "gate_up")  # the projections after a decoder layer's norms
 # The 16-bit product's grid, and tiles of twice the K: an e4m3 tile of a given shape holds
 # half the bytes, so the same bytes in flight take twice the elements.
 GEMV_GRID = [
@@ -102,22 +107,30 @@ def timed(fn, weights) -> float | None:
         return None
 
 
-def bench_gemv(name, weights, block, silu_mul, budget) -> dict:
+def bench_gemv(name, weights, block, silu_mul, budget, normed: bool) -> dict:
     n, k = weights[0].shape
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    x, r = (torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+
+    def one_row(w, config):
+        if not normed:
+            return gemv(x, w, None, config, silu_mul)
+        return norm_gemv(x, r, g, 1e-6, w, None, (*config, True), silu_mul)[0]
+
     sweep = {}
     for config in GEMV_GRID:
         if budget.spent():
             break
-        sweep[config] = timed(lambda w, c=config: gemv(x, w, None, c, silu_mul), weights)
+        sweep[config] = timed(lambda w, c=config: one_row(w, c), weights)
     found = {c: t for c, t in sweep.items() if t is not None}
     best = min(found, key=found.get)
-    want = fp8.linear(x, weights[0].q, weights[0].scale)
+    operand = fused_add_rms_norm(x, r, g, 1e-6)[0] if normed else x
+    want = fp8.linear(operand, weights[0].q, weights[0].scale)
     if silu_mul:
         from tokenspeed_kernels.activation import silu_and_mul
 
         want = silu_and_mul(want)
-    ok = torch.allclose(gemv(x, weights[0], None, best, silu_mul).float(), want.float(),
+    ok = torch.allclose(one_row(weights[0], best).float(), want.float(),
                         **fp8.product_tolerance(want))  # fmt: skip
     scaled_mm = None
     if not block and not silu_mul:
@@ -125,9 +138,11 @@ def bench_gemv(name, weights, block, silu_mul, budget) -> dict:
         scaled_mm = timed(lambda w: fp8_gemm(xq, sx, w, None, torch.bfloat16, (True,) * 7),
                           weights)  # fmt: skip
     us = found[best]
-    print(f"{name:>8} M=1 {'silu ' if silu_mul else ''}best {best}: {us:.1f} us "
-          f"({n * k / us / 1e6:.2f} TB/s); scaled_mm {scaled_mm and round(scaled_mm, 1)} us")  # fmt: skip
+    print(f"{name:>8} M=1 {'norm ' if normed else ''}{'silu ' if silu_mul else ''}best {best}: "
+          f"{us:.1f} us ({n * k / us / 1e6:.2f} TB/s); scaled_mm "
+          f"{scaled_mm and round(scaled_mm, 1)} us")  # fmt: skip
     return {"shape": name, "n": n, "k": k, "block": block, "silu_mul": silu_mul, "batch": 1,
+            "norm_prologue": normed,
             "best_config": list(best), "us": us, "tb_per_s": n * k / us / 1e6,
             "scaled_mm_us": scaled_mm, "matches_reference": ok,
             "sweep_us": {str(c): t for c, t in sweep.items()}}  # fmt: skip
@@ -189,9 +204,10 @@ def main() -> None:
                 break
             weights = fp8_copies(n, k, block)
             if not args.gemm_only:
-                rows.append(bench_gemv(f"{model} {name}", weights, block, False, budget))
+                normed = name in NORMED
+                rows.append(bench_gemv(f"{model} {name}", weights, block, False, budget, normed))
             if name == "gate_up" and not args.gemm_only:
-                rows.append(bench_gemv(f"{model} {name}", weights, block, True, budget))
+                rows.append(bench_gemv(f"{model} {name}", weights, block, True, budget, True))
             for m in args.buckets:
                 if not budget.spent():
                     rows.append(bench_gemm(f"{model} {name}", weights, block, m, budget))
