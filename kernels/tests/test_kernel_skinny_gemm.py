@@ -119,6 +119,21 @@ def test_skinny_gemm_llama_8b_projections_gpu(n, k, m, config):
 
 
 @gpu_test
+def test_a_row_count_divisible_by_16_compiles_nothing_new_gpu():
+    # A server that captured its decode batches (rows 2-8) meets prefills of any length in
+    # the same row bucket; 16 rows must take the kernels 10 rows compiled.
+    kernels = (skinny_gemm_module._skinny_gemm_kernel, skinny_gemm_module._split_k_sum_kernel)
+    device = torch.cuda.current_device()
+    for m in (10, 16):
+        x, weight, _ = _operands(m, 96, 256, torch.bfloat16, seed=m)
+        for config in (ONE_PASS, SPLIT):
+            assert_close(skinny_gemm(x, weight, config=config), F.linear(x, weight))
+        if m == 10:
+            before = [len(k.device_caches[device][0]) for k in kernels]
+    assert [len(k.device_caches[device][0]) for k in kernels] == before
+
+
+@gpu_test
 @pytest.mark.parametrize("m", [2, 16, 64])
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=["table", "split_k4"])
 def test_silu_mul_llama_8b_gate_up_gpu(m, config):

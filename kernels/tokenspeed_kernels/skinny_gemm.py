@@ -109,7 +109,9 @@ def _finish(acc, acc_up, bias_ptrs, mask, dtype: tl.constexpr, HAS_BIAS, SILU_MU
     return y
 
 
-@triton.jit
+# M is not specialized: Triton would compile a row count divisible by 16 apart from the
+# others, so a server capturing batches 1-8 met its first 16-token prefill with a compile.
+@triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
     X,
     W,
@@ -195,7 +197,7 @@ def _skinny_gemm_kernel(
             tl.store(Amax + offs_m * stride_am + pid_n, amax, mask=mask_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _split_k_sum_kernel(
     Partials,  # [split_k, M, N], or [split_k, M, 2N] with SILU_MUL
     Bias,
