@@ -16,13 +16,10 @@ arrive quantized (the quantization kernel is the same for both implementations).
 - One row (``fp8_gemv``, key (N, K, block, silu_mul)): ``gemv`` on the e4m3 weight over
   ``GEMV_GRID``, plain and, for gate_up, with the SwiGLU epilogue; ``torch._scaled_mm`` at
   one row is timed beside it for the record (the engine's one-row products always take the
-  Triton kernel, which also runs the norm prologue and the RoPE/KV epilogue). Each entry is
-  timed as the engine runs it: qkv, whose entry the RoPE/KV launch takes, with the
-  residual-add norm prologue (``norm_gemv``, two passes), whose reads of x every program
-  repeats (a tile of fewer rows pays it more often); gate_up with its SwiGLU epilogue after
-  the norm kernel that quantizes x (``rms_norm_quant``, then ``gemv`` of that
-  ``QuantizedRows``, ``model/ops/fp8_products.py``); o_proj and down quantizing x in their
-  prologue.
+  Triton kernel, which also runs the norm prologue and the RoPE/KV epilogue). The
+  projections the engine runs after a norm (``NORMED``: qkv, whose entry the RoPE/KV launch
+  takes, and gate_up) are timed with the residual-add norm prologue (``norm_gemv``, two
+  passes), whose reads of x every program repeats: a tile of fewer rows pays it more often.
 - More rows (``fp8_gemm``, key (N, K, block, m_bucket)): the Triton kernel over
   ``GEMM_GRID`` (and ``WIDE_K_GRID`` for per-row scales; BLOCK_M = the bucket up to 64, else
   64 and 128) against ``torch._scaled_mm``
@@ -44,11 +41,11 @@ import triton
 from bench_gemv import L2_DEFEAT_BYTES, time_per_product
 from bench_kernels import copy_bandwidth, run_info
 from tokenspeed_kernels import fp8, tuning
-from tokenspeed_kernels.fp8 import Fp8Weight, QuantizedRows
+from tokenspeed_kernels.fp8 import Fp8Weight
 from tokenspeed_kernels.fp8_gemm import fp8_gemm, m_bucket
 from tokenspeed_kernels.fp8_quant import quantize_rows
 from tokenspeed_kernels.gemv import gemv, norm_gemv
-from tokenspeed_kernels.rmsnorm import fused_add_rms_norm, rms_norm_quant
+from tokenspeed_kernels.rmsnorm import fused_add_rms_norm
 from triton.runtime.errors import OutOfResources
 
 MODELS = {
@@ -57,6 +54,7 @@ MODELS = {
     "qwen3": ("block", [("qkv", 6144, 4096), ("o_proj", 4096, 4096),
                         ("gate_up", 24576, 4096), ("down", 4096, 12288)]),
 }  # fmt: skip
+NORMED = ("qkv", "gate_up")  # the projections after a decoder layer's norms
 # The 16-bit product's grid, and tiles of twice the K: an e4m3 tile of a given shape holds
 # half the bytes, so the same bytes in flight take twice the elements.
 GEMV_GRID = [
@@ -109,18 +107,14 @@ def timed(fn, weights) -> float | None:
         return None
 
 
-def bench_gemv(name, weights, block, silu_mul, budget) -> dict:
+def bench_gemv(name, weights, block, silu_mul, budget, normed: bool) -> dict:
     n, k = weights[0].shape
     x, r = (torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
-    normed = name.endswith(("qkv", "gate_up"))  # after a decoder layer's norms
 
     def one_row(w, config):
         if not normed:
             return gemv(x, w, None, config, silu_mul)
-        if silu_mul and not block:
-            xq, sx, _ = rms_norm_quant(x, r, g, 1e-6)
-            return gemv(QuantizedRows(xq, sx, x.dtype), w, None, config, silu_mul)
         return norm_gemv(x, r, g, 1e-6, w, None, (*config, True), silu_mul)[0]
 
     sweep = {}
@@ -210,9 +204,10 @@ def main() -> None:
                 break
             weights = fp8_copies(n, k, block)
             if not args.gemm_only:
-                rows.append(bench_gemv(f"{model} {name}", weights, block, False, budget))
+                normed = name in NORMED
+                rows.append(bench_gemv(f"{model} {name}", weights, block, False, budget, normed))
             if name == "gate_up" and not args.gemm_only:
-                rows.append(bench_gemv(f"{model} {name}", weights, block, True, budget))
+                rows.append(bench_gemv(f"{model} {name}", weights, block, True, budget, True))
             for m in args.buckets:
                 if not budget.spent():
                     rows.append(bench_gemm(f"{model} {name}", weights, block, m, budget))

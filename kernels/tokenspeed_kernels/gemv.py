@@ -129,13 +129,12 @@ def _accumulate(
     w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
     sx, ws, ws_b, num_kb,
     PAIRED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr,
-    FP8: tl.constexpr, QUANTIZED_X: tl.constexpr,
+    FP8: tl.constexpr,
 ):  # fmt: skip
     """One BLOCK_K step of ``products``: the weight tiles ``w`` (and ``w_b``) at ``k0`` times
     that slice of x (the normed h with NORM); with FP8, x quantized first (``fp8.py``): by
-    the row's scale ``sx`` (FP8 == 1; as loaded where QUANTIZED_X), or by each 128-group's
-    own scale, each group's partial sums times its weight blocks' scales (FP8 == 2; ``ws``:
-    the rows' block-row pointers)."""
+    the row's scale ``sx`` (FP8 == 1), or by each 128-group's own scale, each group's partial
+    sums times its weight blocks' scales (FP8 == 2; ``ws``: the rows' block-row pointers)."""
     x, sum_sq = _chunk(k0, offs_k, sum_sq, rstd, X, Residual, NormW, ResidualOut, K, h_end,
                        NORM, HAS_RESIDUAL, TWO_PASS, True)  # fmt: skip
     if FP8 == 2:
@@ -143,7 +142,7 @@ def _accumulate(
         if PAIRED:
             acc_b = fp8_jit.block_dot(w_b, x, k0, ws_b, num_kb, acc_b)
     else:
-        if FP8 == 1 and not QUANTIZED_X:
+        if FP8 == 1:
             x = fp8_jit.fake_quantize(x, sx)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if PAIRED:
@@ -158,15 +157,13 @@ def products(
     BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PAIRED: tl.constexpr, NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PDL: tl.constexpr, EVEN: tl.constexpr,
     FP8: tl.constexpr = 0, STATIC: tl.constexpr = False, BLOCK_P: tl.constexpr = 0,
-    QUANTIZED_X: tl.constexpr = False,
 ):  # fmt: skip
     """fp32 ``x . W[rows] + bias[rows]`` (x: the normed h with NORM, module doc), and the same
     for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h. Only the weight, which
     no kernel writes, is read before ``pdl.wait_prior``: the first tile (module doc). FP8 (module doc): 0 a 16-bit
     weight; 1 e4m3 with a scale per row of ``W_scale``, x quantized by its amax (a prologue
     loop) or by the static ``X_scale``; 2 e4m3 with 128 x 128 block scales ``W_scale``
-    (row stride ``stride_ws``), x quantized per 128-group. QUANTIZED_X (FP8 == 1): x is
-    e4m3, quantized by the kernel that wrote it with the scale at ``X_scale``. The prologue loops (the two-pass
+    (row stride ``stride_ws``), x quantized per 128-group. The prologue loops (the two-pass
     norm's sum of squares, the amax) read x in chunks of ``BLOCK_P`` (``prologue_block``)."""
     offs_k = tl.arange(0, BLOCK_K)
     offs_p = tl.arange(0, BLOCK_P)
@@ -198,7 +195,7 @@ def products(
         rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
     sx = 1.0  # FP8 == 1: x's scale, known before the product loop
     if FP8 == 1:
-        if STATIC or QUANTIZED_X:
+        if STATIC:
             sx = tl.load(X_scale)
         else:
             amax = tl.zeros((BLOCK_P,), dtype=tl.float32)
@@ -210,7 +207,7 @@ def products(
     if peeled:
         acc, acc_b, sum_sq = _accumulate(
             w, w_b, 0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
-            h_end, sx, ws, ws_b, num_kb, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS, FP8, QUANTIZED_X,
+            h_end, sx, ws, ws_b, num_kb, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS, FP8,
         )  # fmt: skip
         start = BLOCK_K
     for k0 in range(start, K, BLOCK_K):
@@ -221,7 +218,7 @@ def products(
             w_b = load_weight(b_ptrs + k0, w_mask, EVEN)
         acc, acc_b, sum_sq = _accumulate(
             w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
-            h_end, sx, ws, ws_b, num_kb, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS, FP8, QUANTIZED_X,
+            h_end, sx, ws, ws_b, num_kb, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS, FP8,
         )  # fmt: skip
     if NORM and not TWO_PASS:
         rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
@@ -267,7 +264,6 @@ def _gemv_kernel(
     FP8: tl.constexpr,
     STATIC: tl.constexpr,
     BLOCK_P: tl.constexpr,  # the prologue loops' chunk (``prologue_block``)
-    QUANTIZED_X: tl.constexpr,  # x e4m3, its scale at X_scale (``products``)
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -276,7 +272,7 @@ def _gemv_kernel(
         X, W, Bias, Residual, NormW, ResidualOut, offs_n, offs_n + N, mask_n, K, stride_wn, eps,
         pid == 0, W_scale, X_scale, stride_ws,
         BLOCK_K, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, TWO_PASS, PDL, EVEN, FP8, STATIC,
-        BLOCK_P, QUANTIZED_X,
+        BLOCK_P,
     )  # fmt: skip
     y = acc.to(Y.dtype.element_ty)
     if SILU_MUL:
@@ -364,21 +360,15 @@ def _launch(
     n = rows // 2 if silu_mul else rows
     block_n, block_k, num_warps, num_stages = tiles
     check_tiles(weight, block_k, norm_weight is not None, two_pass)
-    quantized = isinstance(x, fp8.QuantizedRows)
-    if quantized:
-        assert norm_weight is None and weight.scale.dim() == 1 and x.scale.numel() == 1
-    y = torch.empty((1, n), dtype=x.dtype, device=weight.q.device if quantized else x.device)
-    operand = x.q if quantized else x
-    args, fp8_flags = pointer_args(operand, weight, bias, y, norm_weight, residual, h)
-    if quantized:  # the scale of x where the activation's would be (``products``)
-        args = (*args[:8], x.scale, *args[9:])
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    args, fp8_flags = pointer_args(x, weight, bias, y, norm_weight, residual, h)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         *args, n, x.shape[1], x.shape[1], eps,
         BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, TWO_PASS=two_pass,
         PRECISE=precise_math.PRECISE_MATH, EVEN=n % block_n == 0 and x.shape[1] % block_k == 0,
-        BLOCK_P=prologue_block(x.shape[1], num_warps), QUANTIZED_X=quantized,
-        num_warps=num_warps, num_stages=num_stages, **fp8_flags, **pdl.launch_args(),
+        BLOCK_P=prologue_block(x.shape[1], num_warps), num_warps=num_warps,
+        num_stages=num_stages, **fp8_flags, **pdl.launch_args(),
     )  # fmt: skip
     return y
 
@@ -394,17 +384,15 @@ def norm_output(x, residual, norm_weight) -> torch.Tensor:
 
 
 def gemv(
-    x: torch.Tensor | fp8.QuantizedRows,
-    weight: torch.Tensor | fp8.Fp8Weight,
+    x: torch.Tensor,
+    weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: tuple[int, int, int, int] | None = None,
     silu_mul: bool = False,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for a one-row ``x``; with ``silu_mul``, the SwiGLU activation
-    of that product (no bias) (layout: module doc). An FP8 weight with one scale per row
-    also takes x quantized by the kernel that wrote it (``fp8.QuantizedRows``, one scale)."""
-    device = x.q.device if isinstance(x, fp8.QuantizedRows) else x.device
-    config = config or configs(device, silu_mul).get(tuple(weight.shape), DEFAULT)
+    of that product (no bias) (layout: module doc)."""
+    config = config or configs(x.device, silu_mul).get(tuple(weight.shape), DEFAULT)
     return _launch(x, weight, bias, config, silu_mul)
 
 

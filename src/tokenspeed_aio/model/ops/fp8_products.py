@@ -4,10 +4,7 @@
 On CUDA a one-row product is ``gemv`` on the e4m3 weight, x quantized in its prologue (after
 the norm where one precedes it, then RoPE and the KV write as the qkv product's epilogue, as
 for 16-bit weights); its tiles come from the device's ``fp8_gemv`` table (else
-``gemv.DEFAULT``). The exception is the MLP's gate/up product with per-row weight scales:
-its thousands of programs would each redo the norm and quantize all of x, so the norm kernel
-quantizes x once (``rms_norm_quant``) and the product reads it as ``QuantizedRows``
-(``kernels/bench_fp8_one_row.py``: 44.8 -> 42.0 us on an H100). More rows are quantized by the kernel before the product -- the norm's
+``gemv.DEFAULT``). More rows are quantized by the kernel before the product -- the norm's
 (``rms_norm_quant``) where one precedes it, else ``fp8_quant.quantize_rows`` -- and
 multiplied by ``fp8_gemm`` (Triton or ``torch._scaled_mm``, per its table). Where a SwiGLU's
 activation ``feeds`` another FP8 product (the MLP's down projection) it comes quantized for
@@ -126,15 +123,9 @@ def norm_linear(
         normed, h = (norm(x), x) if residual is None else norm(x, residual)
         return linear(normed, w, bias, act_silu_mul), h
     if x.shape[0] == 1 and (bias is None or not act_silu_mul):
-        from tokenspeed_kernels.gemv import gemv, norm_gemv
+        from tokenspeed_kernels.gemv import norm_gemv
 
-        tiles = _gemv_tiles(w, act_silu_mul, x.device)
-        if act_silu_mul and not w.block:  # x quantized once, by the norm (module doc)
-            from tokenspeed_kernels.rmsnorm import rms_norm_quant
-
-            xq, sx, h = rms_norm_quant(x, residual, norm.weight, norm.eps, None, w.input_scale)
-            return gemv(QuantizedRows(xq, sx, x.dtype), w, None, tiles, silu_mul=True), h
-        tiles = (*tiles, True)  # the two-pass prologue
+        tiles = (*_gemv_tiles(w, act_silu_mul, x.device), True)  # the two-pass prologue
         return norm_gemv(x, residual, norm.weight, norm.eps, w, bias, tiles, act_silu_mul)
     return _norm_quant_product(norm, x, residual, w, bias, act_silu_mul, feeds)
 
