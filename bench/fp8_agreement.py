@@ -71,6 +71,16 @@ ABLATIONS = {
     # spreading a head's large channels over all of them help?
     "rotated-e4m3-kv": {"fake_kv": ("kv", None), "rotate": True},
     "rotated-e4m3-k": {"fake_kv": ("k", None), "rotate": True},
+    # Each head's calibration mean per channel taken off before the rounding and added back
+    # after (exact for k: a query's scores all move by q . mean, which the softmax ignores;
+    # for v the output moves by the mean, which a kernel would add back): does a channel's
+    # constant offset, which the rounding's relative error scales with, decide it?
+    "centered-e4m3-kv": {"fake_kv": ("kv", None), "center": True},
+    "centered-e4m3-k": {"fake_kv": ("k", None), "center": True},
+    # The first positions' k and v (the attention sinks, which most queries weigh heavily)
+    # kept unrounded: would a 16-bit store of a sequence's first tokens decide it?
+    "sink-4-e4m3-kv": {"fake_kv": ("kv", None), "intact_first": 4},
+    "sink-16-e4m3-kv": {"fake_kv": ("kv", None), "intact_first": 16},
 }
 
 
@@ -98,10 +108,11 @@ def hadamard(size: int):
     return signs[:, None] * h / size**0.5
 
 
-def calibrated_scales(path: Path, rotation=None) -> tuple[list, list]:
+def calibrated_scales(path: Path, rotation=None, center: bool = False) -> tuple[list, ...]:
     """Per layer, the k and v scales the engine calibrates ([Hkv] each), recomputed from
     transformers' post-RoPE cache over the same tokens (in fp32), of the cache times
-    ``rotation`` if one is given."""
+    ``rotation`` if one is given; with ``center``, of the cache less its mean over the
+    tokens per head and channel, and those means ([Hkv, D] per layer; else zeros)."""
     import torch
     import transformers
 
@@ -112,12 +123,19 @@ def calibrated_scales(path: Path, rotation=None) -> tuple[list, list]:
     with torch.no_grad():
         cache = model(torch.tensor([ids]), use_cache=True).past_key_values
     turn = (lambda x: x) if rotation is None else (lambda x: x @ rotation)
-    ks = [scales_of_amax(turn(layer.keys[0]).abs().amax(dim=(1, 2))) for layer in cache.layers]
-    vs = [scales_of_amax(turn(layer.values[0]).abs().amax(dim=(1, 2))) for layer in cache.layers]
-    return ks, vs
+    keys = [turn(layer.keys[0]) for layer in cache.layers]  # [Hkv, T, D] each
+    values = [turn(layer.values[0]) for layer in cache.layers]
+    mk = [x.mean(dim=1) * center for x in keys]
+    mv = [x.mean(dim=1) * center for x in values]
+    ks = [scales_of_amax((x - m[:, None]).abs().amax(dim=(1, 2))) for x, m in zip(keys, mk)]
+    vs = [scales_of_amax((x - m[:, None]).abs().amax(dim=(1, 2))) for x, m in zip(values, mv)]
+    return ks, vs, mk, mv
 
 
-def install_fake_kv(path: Path, which: str, layers, bits: int | None, rotate: bool = False):
+def install_fake_kv(
+    path: Path, which: str, layers, bits: int | None, rotate: bool = False, center: bool = False,
+    intact_first: int = 0,
+):  # fmt: skip
     """Rounds the k and/or v the torch backend stores into a 16-bit cache (``ABLATIONS``);
     returns the function that undoes it."""
     import torch
@@ -128,22 +146,22 @@ def install_fake_kv(path: Path, which: str, layers, bits: int | None, rotate: bo
     config = json.loads((path / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     rotation = hadamard(head_dim) if rotate else None
-    ks, vs = calibrated_scales(path, rotation) if bits is None else (None, None)
+    ks, vs, mk, mv = calibrated_scales(path, rotation, center) if bits is None else (None,) * 4
     store, forward = torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward
     paged = torch_backend.paged_attention
-    current = [0]
+    current = [0, None]  # the layer, and which of its tokens are rounded (``intact_first``)
 
     def turned(x, heads_last: bool, back: bool = False):  # x [T, H, D] or [T, H * D]
         r = rotation.to(x.dtype)
         r = r.T if back else r
         return x @ r if heads_last else (x.view(x.shape[0], -1, head_dim) @ r).flatten(1)
 
-    def rounded(x, scales, layer):
+    def rounded(x, scales, means, layer):
         if bits is not None:
             m, e = torch.frexp(x.float())
             return torch.ldexp(torch.round(m * 2.0**bits) / 2.0**bits, e).to(x.dtype)
-        s = scales[layer][None, :, None]
-        return (fp8.quantize(x, s).float() * s).to(x.dtype)
+        s, mean = scales[layer][None, :, None], means[layer][None]
+        return (fp8.quantize(x.float() - mean, s).float() * s + mean).to(x.dtype)
 
     def fake_store(k, v, k_cache, v_cache, slot_mapping, kv_scales=None):
         layer = current[0]
@@ -151,8 +169,9 @@ def install_fake_kv(path: Path, which: str, layers, bits: int | None, rotate: bo
             k = turned(k, True) if "k" in which else k
             v = turned(v, True) if "v" in which else v
         if layers is None or layer in layers:
-            k = rounded(k, ks, layer) if "k" in which else k
-            v = rounded(v, vs, layer) if "v" in which else v
+            kept = current[1][:, None, None]
+            k = torch.where(kept, rounded(k, ks, mk, layer), k) if "k" in which else k
+            v = torch.where(kept, rounded(v, vs, mv, layer), v) if "v" in which else v
         store(k, v, k_cache, v_cache, slot_mapping, kv_scales)
 
     def turned_attention(q, k_cache, v_cache, attn, kv_scales):  # the cache is rotated
@@ -161,6 +180,11 @@ def install_fake_kv(path: Path, which: str, layers, bits: int | None, rotate: bo
 
     def fake_forward(self, q, k, v, layer_idx, ctx, *a, **kw):
         current[0] = layer_idx
+        attn = ctx.attn  # each token's position: its row's cached length plus its index
+        lens = attn.query_start_loc.diff()
+        row = torch.repeat_interleave(torch.arange(len(lens)), lens, output_size=k.shape[0])
+        index = torch.arange(k.shape[0]) - attn.query_start_loc[row]
+        current[1] = attn.seq_lens[row] - lens[row] + index >= intact_first
         return forward(self, q, k, v, layer_idx, ctx, *a, **kw)
 
     torch_backend.store_kv, torch_backend.TorchAttentionBackend.forward = fake_store, fake_forward
@@ -237,7 +261,8 @@ def main() -> int:
         t0 = time.perf_counter()
         undo = None
         if "fake_kv" in flags:
-            fake = (*flags.pop("fake_kv"), flags.pop("bits", None), flags.pop("rotate", False))
+            fake = (*flags.pop("fake_kv"), flags.pop("bits", None), flags.pop("rotate", False),
+                    flags.pop("center", False), flags.pop("intact_first", 0))  # fmt: skip
             undo = install_fake_kv(path, *fake)
         try:
             runs[name] = asyncio.run(generate(path, ns.device, dtype, prompts, **flags))
