@@ -96,7 +96,7 @@ class SplitKPartials(NamedTuple):
 
 def kernel_args(weight: torch.Tensor | Fp8Weight) -> tuple[torch.Tensor, tuple, dict]:
     """(the weight tensor, ``(W_scale, X_scale, stride_ws)``, ``{FP8, STATIC}``) of a launch
-    whose product takes ``gemv.products``' FP8 arguments; a 16-bit weight stands in for the
+    whose product takes ``gemv_jit.products``' FP8 arguments; a 16-bit weight stands in for the
     absent scales (FP8 = 0 keeps them unread)."""
     if not isinstance(weight, Fp8Weight):
         return weight, (weight, weight, 0), {"FP8": 0, "STATIC": False}

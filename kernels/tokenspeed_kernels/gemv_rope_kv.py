@@ -19,7 +19,7 @@ Each product rounds to x's dtype (as ``gemv``'s y) and rotates in fp32 rounded a
 BLOCK_HALF reads the same [BLOCK_HALF, BLOCK_K] tiles -- q and the caches equal
 ``norm_gemv`` then ``apply_rotary`` bit for bit. ``bench_gemv.py --rope-kv`` times the two.
 
-The product loop, its PDL wait and its prologues are ``gemv.products``; the launch is a
+The product loop, its PDL wait and its prologues are ``gemv_jit.products``; the launch is a
 programmatic dependent launch as every batch-1 product's is (``gemv``'s module doc).
 """
 
@@ -39,9 +39,9 @@ from tokenspeed_kernels.gemv import (
     norm_configs,
     norm_output,
     pointer_args,
-    products,
     prologue_block,
 )
+from tokenspeed_kernels.gemv_jit import products
 from tokenspeed_kernels.rotary import load_cos_sin, rotate
 
 
@@ -64,7 +64,7 @@ def _gemv_rope_kv_kernel(
     BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr,
     EVEN: tl.constexpr,  # BLOCK_HALF divides HALF and BLOCK_K divides K
-    FP8: tl.constexpr, STATIC: tl.constexpr,  # the weight's (``gemv.products``)
+    FP8: tl.constexpr, STATIC: tl.constexpr,  # the weight's (``gemv_jit.products``)
     BLOCK_P: tl.constexpr,  # the prologue loops' chunk (``gemv.prologue_block``)
 ):  # fmt: skip
     pid = tl.program_id(0)

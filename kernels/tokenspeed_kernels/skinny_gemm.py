@@ -38,7 +38,7 @@ Both launches are programmatic dependent launches where the GPU has one (``pdl.p
 before ``pdl.wait_prior``, x and everything else after it, so the product's first weight
 reads overlap the tail of the kernel before it (a norm, the split-K sum, another product).
 Tiles that divide the weight with no empty slice (``EVEN``) load unmasked, which keeps the
-tile held across the wait to its own registers (``gemv.load_weight``).
+tile held across the wait to its own registers (``gemv_jit.load_weight``).
 
 A config is ``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)``. ``configs(device)``
 (and ``configs(device, silu_mul=True)``) is the device's table keyed by ``(N, K, m_bucket)``
@@ -60,7 +60,7 @@ import triton.language as tl
 
 from tokenspeed_kernels import pdl, precise_math, tuning
 from tokenspeed_kernels.activation import silu_mul
-from tokenspeed_kernels.gemv import load_weight
+from tokenspeed_kernels.gemv_jit import load_weight
 
 MAX_M = 64
 SUM_BLOCK = 1024  # features per program of the split-K sum
