@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FP8 on the H200 (every stage bounded; `all` -- the tables and both Llama stages -- stays
-# under 8.5 minutes, one device call; qwen3-block and profile take another):
+# under 9 minutes, one device call; qwen3-block and profile take another):
 #
 #   bash bench/fp8_acceptance.sh STAGE OUTDIR        STAGE: all | tables | tests | llama-fp8 |
 #                                                           llama-bf16 | qwen3-block | profile
