@@ -88,7 +88,7 @@ def products(
     W_scale, X_scale, stride_ws,
     BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PAIRED: tl.constexpr, NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, TWO_PASS: tl.constexpr, PDL: tl.constexpr, EVEN: tl.constexpr,
-    FP8: tl.constexpr = 0, STATIC: tl.constexpr = False, BLOCK_P: tl.constexpr = 0,
+    FP8: tl.constexpr, STATIC: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     """fp32 ``x . W[rows] + bias[rows]`` (x: the normed h with NORM, module doc), and the same
     for ``rows_b`` when PAIRED; the program with ``writes_h`` stores h. Only the weight, which
@@ -132,6 +132,7 @@ def products(
         else:
             amax = tl.zeros((BLOCK_P,), dtype=tl.float32)
             for p0 in range(0, K, BLOCK_P):
+                # (amax stands in for the sum of squares, which a two-pass or plain x leaves)
                 x, _ = _chunk(p0, offs_p, amax, rstd, X, Residual, NormW, ResidualOut, K,
                               h_end, NORM, HAS_RESIDUAL, TWO_PASS, False)  # fmt: skip
                 amax = tl.maximum(amax, tl.abs(x))
