@@ -11,7 +11,7 @@ ROWS = [(0, 1), (5, 9), (70, 70), (0, 130)]
 
 
 def _run(rows, *, group, num_kv_heads=1, head_dim=64, page_size=16, dtype=torch.float32,
-         seed=0, scale=0.125):  # fmt: skip
+         seed=0, scale=0.125, tiles=None):  # fmt: skip
     contexts, query_lens = zip(*rows)
     batch = make_paged_batch(
         list(contexts), list(query_lens), num_q_heads=group * num_kv_heads,
@@ -22,7 +22,7 @@ def _run(rows, *, group, num_kv_heads=1, head_dim=64, page_size=16, dtype=torch.
     out = torch.full_like(batch.q, float("nan"))
     extend_attention(
         batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc,
-        batch.seq_lens, max(query_lens), scale, out=out,
+        batch.seq_lens, max(query_lens), scale, out=out, tiles=tiles,
     )  # fmt: skip
     ref = paged_attention_reference(
         batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc,
@@ -47,6 +47,15 @@ def test_extend_matches_reference(group, num_kv_heads, page_size, head_dim, dtyp
                           page_size=page_size, dtype=dtype, seed=group)  # fmt: skip
     assert_close(out[:real], ref[:real])
     assert out[real:].isnan().all(), "the padding token must not be written"
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 4, 1), (128, 128, 8, 3), (128, 32, 4, 2)])
+def test_extend_tiles_match_reference(tiles):
+    """Any (queries, keys) tiling gives the same attention: rows shorter and longer than a
+    query tile, prefixes inside and across key tiles."""
+    out, ref, real = _run(ROWS + [(200, 150)], group=4, num_kv_heads=2, seed=3, tiles=tiles)
+    assert_close(out[:real], ref[:real])
+    assert out[real:].isnan().all()
 
 
 @gpu_test

@@ -37,8 +37,11 @@ from tokenspeed_kernels import kv_layout
 from tokenspeed_kernels.attention_tiles import attend_keys, head_scales, reads_pages
 from tokenspeed_kernels.fp8 import cache_scales
 
-BLOCK_M = 64
-BLOCK_N = 64
+# (queries per program, keys per tile, warps, pipeline stages) by the cache's bytes per value
+# (kernels/bench_extend_tiles.py). An e4m3 tile is widened to fp16 before its products, so
+# 128 queries share each widening; a 16-bit one is fastest at 64 for a round of 1,024-token
+# prompts.
+TILES = {1: (128, 64, 4, 2), 2: (64, 64, 4, 2), 4: (64, 64, 4, 2)}
 _LOG2E = 1.4426950408889634
 
 
@@ -137,6 +140,7 @@ def extend_attention(
     out: torch.Tensor | None = None,
     row_start: int = 0,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tiles: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of every row's new tokens over its cached keys (layout: module doc).
 
@@ -145,6 +149,7 @@ def extend_attention(
     that attends a mixed batch's leading decode rows with ``decode_attention`` passes the
     whole batch's tensors, so no view moves a pointer (Triton specializes on alignment).
     An FP8 (e4m3) cache takes ``kv_scales``: k's and v's [num_kv_heads] fp32 scales.
+    ``tiles`` overrides ``TILES`` (a benchmark's sweep).
     """
     _, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -156,7 +161,9 @@ def extend_attention(
     batch = block_tables.shape[0] - row_start
     if batch <= 0 or max_query_len == 0:
         return out
-    grid = (num_q_heads, triton.cdiv(max_query_len, BLOCK_M), batch)
+    block_m, block_n, num_warps, num_stages = tiles or TILES[k_cache.element_size()]
+    block_d = triton.next_power_of_2(head_dim)
+    grid = (num_q_heads, triton.cdiv(max_query_len, block_m), batch)
     k_scale, v_scale = cache_scales(k_cache, kv_scales)
     _extend_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, k_scale, v_scale,
@@ -165,9 +172,8 @@ def extend_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         *v_strides, block_tables.stride(0), row_start,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        V_PAGES=reads_pages(v_cache, BLOCK_N, triton.next_power_of_2(head_dim)),
-        num_warps=4, num_stages=2,
+        BLOCK_D=block_d, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        V_PAGES=reads_pages(v_cache, block_n, block_d), num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     return out
