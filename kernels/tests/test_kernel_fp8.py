@@ -39,8 +39,13 @@ def test_e4m3_rounding_matches_torch_in_every_range():
     # conversion gets the first three wrong (``fp8.py``'s NOTE). Infinities saturate and NaN
     # goes to -448, in the kernels and in the torch definition alike.
     special = [2**-9 * 1.5, 2**-9 * 2.5, 15.5, 17.0, 0.0, float("inf"), -float("inf"), float("nan")]
+    # An fp32 ulp either side of subnormal ties (shifted onto the normals' grid, the one below
+    # used to become the tie).
+    ties = torch.tensor([2**-9 * 3.5, 2**-9 * 0.5, 2**-9 * 6.5])
+    near = torch.cat([ties.nextafter(torch.zeros(3)), ties.nextafter(torch.ones(3))])
     x = torch.cat([
-        torch.linspace(-500, 500, 4001), torch.linspace(-0.03, 0.03, 1001), torch.tensor(special),
+        torch.linspace(-500, 500, 4001), torch.linspace(-0.03, 0.03, 1001), near,
+        torch.tensor(special),
     ]).to(DEVICE).view(1, -1)  # fmt: skip
     got = quantize_rows(x, static_scale=torch.ones(1, device=DEVICE))[0]
     want = fp8.quantize(x, torch.ones(1, device=DEVICE))

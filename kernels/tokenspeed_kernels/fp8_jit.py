@@ -14,15 +14,17 @@ _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 @triton.jit
 def _round_e4m3(x):
     """fp32 ``x`` (|x| <= 448) rounded to the nearest e4m3 value (ties to even), in fp32.
-    Normals keep 3 mantissa bits; below 2**-6 the grid is 2**-9, so the subnormal range is
-    shifted up by 2**-6, where the normals' grid is 2**-9 too, rounded, and shifted back."""
+    Normals keep 3 mantissa bits; below 2**-6 the grid is 2**-9: there ``x * 512`` (exact)
+    is rounded to an integer by adding and taking off 2**23, one rounding of the exact
+    value. (Shifting the range up by 2**-6 onto the normals' grid instead rounds twice: a
+    value an fp32 ulp below a tie became the tie.)"""
     bits = x.to(tl.int32, bitcast=True)
     sign = bits & -2147483648
     a = tl.abs(x)
-    shift = tl.where(a < 0.015625, 0.015625, 0.0)
-    b = (a + shift).to(tl.int32, bitcast=True)
-    b = (b + 0x7FFFF + ((b >> 20) & 1)) & -1048576
-    r = b.to(tl.float32, bitcast=True) - shift
+    b = a.to(tl.int32, bitcast=True)
+    normal = ((b + 0x7FFFF + ((b >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    subnormal = ((a * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
+    r = tl.where(a < 0.015625, subnormal, normal)
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
