@@ -6,7 +6,12 @@ import pytest
 import torch
 from kernel_testing import DEVICE, assert_close, assert_close_fp8_product, gpu_test
 from tokenspeed_kernels import fp8
-from tokenspeed_kernels.activation import silu_and_mul, silu_and_mul_quant
+from tokenspeed_kernels.activation import (
+    PERSISTENT_BLOCK,
+    silu_and_mul,
+    silu_and_mul_quant,
+    silu_and_mul_quant_rows,
+)
 from tokenspeed_kernels.fp8 import Fp8Weight
 from tokenspeed_kernels.fp8_gemm import fp8_gemm, fp8_gemm_silu_mul
 from tokenspeed_kernels.fp8_quant import quantize_by_chunk_amax, quantize_rows
@@ -84,6 +89,21 @@ def test_swiglu_per_token_scale_is_the_max_over_a_long_rows_chunks():
     for row, col in enumerate([10, 1500, 2400]):
         gate_up[row, col] = gate_up[row, d + col] = 8.0
     _bitwise(silu_and_mul_quant(gate_up), fp8.quantize_rows(silu_and_mul(gate_up)))
+
+
+def test_swiglu_persistent_launch_quantizes_every_row_by_its_own_max():
+    # Five rows over the interpreter's two programs (rows take turns, each reusing its
+    # program's scratch row); d = 2.5 blocks, the last partial; each row's largest value in
+    # another block, and a row smaller than the one before it on the same program, whose
+    # scratch then still holds the larger row's tail past nothing it rewrites.
+    d = 5 * PERSISTENT_BLOCK // 2
+    gate_up = _rand(5, 2 * d, seed=12)
+    for row, col in enumerate([10, PERSISTENT_BLOCK + 7, d - 1, 3, PERSISTENT_BLOCK]):
+        gate_up[row, col] = gate_up[row, d + col] = 8.0 / (row + 1)
+    gate_up[4] *= 0.01
+    want = fp8.quantize_rows(silu_and_mul(gate_up))
+    _bitwise(silu_and_mul_quant_rows(gate_up), want)
+    _bitwise(silu_and_mul_quant_rows(gate_up[:0]), (want[0][:0], want[1][:0]))
 
 
 @pytest.mark.parametrize(
