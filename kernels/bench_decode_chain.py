@@ -33,7 +33,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from bench_kernels import copy_bandwidth, run_info
+from bench_kernels import copy_bandwidth, replayed_ms, run_info
 from tokenspeed_kernels import fused_add_rms_norm, pdl, tuning
 from tokenspeed_kernels import skinny_gemm as sg
 from tokenspeed_kernels.activation import silu_and_mul
@@ -144,15 +144,7 @@ def step_ms(model: dict, choice: dict, pdl_on: bool, replays: int = 30) -> float
             step(model, choice)
     finally:
         pdl.enabled = saved
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
+    return replayed_ms(graph, replays)
 
 
 def search(shape: str) -> dict:

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 
 import torch
 import triton
 import triton.testing
-from bench_kernels import HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS, copy_bandwidth, paged_batch, run_info
+from bench_kernels import (
+    HEAD_DIM,
+    NUM_KV_HEADS,
+    NUM_Q_HEADS,
+    copy_bandwidth,
+    emit_report,
+    paged_batch,
+)
 from tokenspeed_kernels import kv_layout
 from tokenspeed_kernels.extend_attention import TILES, extend_attention
 from tokenspeed_kernels.fp8 import FP8
@@ -95,11 +101,7 @@ def main() -> None:
               f"best {r['best']} {r['best_us']:.0f} us ({r['best_tflops']:.0f} TFLOP/s)",
               flush=True)  # fmt: skip
         torch.cuda.empty_cache()
-    report = {**run_info(copy), "extend": results}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    json.dump(report, sys.stdout, indent=1)
+    emit_report(copy, "extend", results, args.json)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,29 @@ def run_info(copy: float) -> dict:
     }
 
 
+def replayed_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Mean ms per replay of a captured graph, after three warm replays (CUDA events)."""
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def emit_report(copy: float, key: str, results: list[dict], path: str | None) -> None:
+    """A benchmark's JSON (``run_info`` and its ``results`` under ``key``) to stdout and, if
+    given, to ``path``."""
+    report = {**run_info(copy), key: results}
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+    json.dump(report, sys.stdout, indent=1)
+
+
 def paged_batch(batch: int, context: int):
     blocks_per_row = triton.cdiv(context, PAGE_SIZE)
     num_blocks = 1 + batch * blocks_per_row

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import torch
-from bench_kernels import NUM_KV_HEADS, copy_bandwidth, paged_batch, run_info
+from bench_kernels import NUM_KV_HEADS, copy_bandwidth, emit_report, paged_batch, replayed_ms
 from tokenspeed_kernels import kv_layout
 from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
 from tokenspeed_kernels.fp8 import FP8
@@ -68,15 +67,7 @@ def graph_ms(record, replays: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         record()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
+    return replayed_ms(graph, replays)
 
 
 def bench_rows(total: int, context: int, layers: int, replays: int, weights, side) -> dict:
@@ -144,11 +135,7 @@ def main() -> None:
         results.append(bench_rows(total, args.context, args.layers, args.replays, weights, side))
         print(json.dumps(results[-1]), flush=True)
         torch.cuda.empty_cache()
-    report = {**run_info(copy), "rows": results}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    json.dump(report, sys.stdout, indent=1)
+    emit_report(copy, "rows", results, args.json)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 
 import torch
 import triton
 import triton.testing
-from bench_kernels import copy_bandwidth, run_info
+from bench_kernels import copy_bandwidth, emit_report
 from tokenspeed_kernels.activation import silu_and_mul_quant_chunks, silu_and_mul_quant_rows
 
 D = 14336
@@ -72,11 +71,7 @@ def main() -> None:
         print(f"{m} rows: two launches {r['two_launches_us']:.1f} us, persistent {r['best']} "
               f"{r['best_us']:.1f} us ({r['best_tb_per_s']:.2f} TB/s)", flush=True)  # fmt: skip
         torch.cuda.empty_cache()
-    report = {**run_info(copy), "swiglu_quant": results}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    json.dump(report, sys.stdout, indent=1)
+    emit_report(copy, "swiglu_quant", results, args.json)
 
 
 if __name__ == "__main__":
