@@ -10,6 +10,7 @@ from tokenspeed_kernels.activation import (
     PERSISTENT_BLOCK,
     silu_and_mul,
     silu_and_mul_quant,
+    silu_and_mul_quant_chunks,
     silu_and_mul_quant_rows,
 )
 from tokenspeed_kernels.fp8 import Fp8Weight
@@ -228,6 +229,18 @@ def test_scaled_mm_and_triton_agree_on_a_llama_projection_gpu(m):
         fp8_gemm(xq, sx, w, None, torch.bfloat16, (True, 0, 0, 0, 0, 0, 0)), want
     )
     assert_close_fp8_product(fp8_gemm(xq, sx, w, None, torch.bfloat16), want)
+
+
+@gpu_test
+@pytest.mark.parametrize("m", [128, 1000])
+def test_swiglu_one_launch_is_the_two_launches_on_llamas_mlp_gpu(m):
+    # The row counts that take the persistent launch, one of them past its programs (rows
+    # take turns), with Llama's 14,336-wide activation: bit for bit the two launches' and the
+    # torch definition's, with the device's own e4m3 conversion.
+    gate_up = _rand(m, 2 * 14336, seed=25)
+    want = fp8.quantize_rows(silu_and_mul(gate_up))
+    _bitwise(silu_and_mul_quant(gate_up), want)
+    _bitwise(silu_and_mul_quant_chunks(gate_up), want)
 
 
 @gpu_test
