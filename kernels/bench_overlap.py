@@ -23,7 +23,14 @@ import argparse
 import json
 
 import torch
-from bench_kernels import NUM_KV_HEADS, copy_bandwidth, emit_report, paged_batch, replayed_ms
+from bench_kernels import (
+    HEAD_DIM,
+    NUM_KV_HEADS,
+    copy_bandwidth,
+    emit_report,
+    paged_batch,
+    replayed_ms,
+)
 from tokenspeed_kernels import kv_layout
 from tokenspeed_kernels.decode_attention import decode_attention, num_kv_splits_for
 from tokenspeed_kernels.fp8 import FP8
@@ -49,7 +56,7 @@ class Rows:
 
 def attention(rows: Rows, k_cache, v_cache, scales) -> None:
     decode_attention(
-        rows.q, k_cache, v_cache, rows.block_tables, rows.seq_lens, 0.088, rows.splits,
+        rows.q, k_cache, v_cache, rows.block_tables, rows.seq_lens, HEAD_DIM**-0.5, rows.splits,
         out=rows.out, counters=rows.counters, kv_scales=scales,
     )  # fmt: skip
 
