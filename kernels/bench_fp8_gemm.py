@@ -2,7 +2,7 @@
 per shape, scheme and row bucket; ``--write-config`` writes the picks into this GPU's
 ``fp8_gemv`` and ``fp8_gemm`` tables (``tokenspeed_kernels/tuning.py``).
 
-    python kernels/bench_fp8_gemm.py [--models llama qwen3] [--buckets 64 256 512]
+    python kernels/bench_fp8_gemm.py [--models llama qwen3] [--buckets [64 256 512]]
                                      [--json OUT.json] [--write-config] [--budget-s 240]
                                      [--gemm-only]
 
@@ -183,7 +183,13 @@ def bench_gemm(name, weights, block, m, budget) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--buckets", type=int, nargs="+", default=[16, 64, 256, 512])
+    parser.add_argument(
+        "--buckets",
+        type=int,
+        nargs="*",
+        default=[16, 64, 256, 512],
+        help="row counts of the many-row products; none: one row only",
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--write-config", action="store_true")
     parser.add_argument("--budget-s", type=float, default=240.0)

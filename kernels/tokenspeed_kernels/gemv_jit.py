@@ -73,13 +73,26 @@ def _accumulate(
         acc = fp8_jit.block_dot(w, x, k0, ws, num_kb, acc)
         if PAIRED:
             acc_b = fp8_jit.block_dot(w_b, x, k0, ws_b, num_kb, acc_b)
+    elif FP8 == 1:
+        x = fp8_jit.fake_quantize(x, sx)
+        acc = _partial_sums(w, x, acc)
+        if PAIRED:
+            acc_b = _partial_sums(w_b, x, acc_b)
     else:
-        if FP8 == 1:
-            x = fp8_jit.fake_quantize(x, sx)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if PAIRED:
             acc_b += tl.sum(w_b.to(tl.float32) * x[None, :], axis=1)
     return acc, acc_b, sum_sq
+
+
+@triton.jit
+def _partial_sums(w, x, part):
+    """``part`` ([BN, BK / 16] fp32) plus each 16-value slice's sum of ``w * x``: the sums a
+    thread takes of its own 16-byte e4m3 load, no exchange between threads in the K loop."""
+    BN: tl.constexpr = w.shape[0]
+    BK: tl.constexpr = w.shape[1]
+    prod = w.to(tl.float32) * x[None, :]
+    return part + tl.sum(tl.reshape(prod, (BN, BK // 16, 16)), 2)
 
 
 @triton.jit
@@ -101,8 +114,11 @@ def products(
     offs_p = tl.arange(0, BLOCK_P)
     w_ptrs = W + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     b_ptrs = W + rows_b.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    acc = tl.zeros(rows.shape, dtype=tl.float32)
-    acc_b = tl.zeros(rows.shape, dtype=tl.float32)
+    if FP8 == 1:  # partial sums, reduced after the loop (``_partial_sums``)
+        acc = tl.zeros((rows.shape[0], BLOCK_K // 16), dtype=tl.float32)
+    else:
+        acc = tl.zeros(rows.shape, dtype=tl.float32)
+    acc_b = acc
     sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)  # the one-pass prologue's, lane by lane
     h_end = tl.where(writes_h, K, 0)
     # FP8 == 2: each row's block row of scales (a masked row reads row 0's)
@@ -153,6 +169,9 @@ def products(
             w, w_b, k0, offs_k, acc, acc_b, sum_sq, rstd, X, Residual, NormW, ResidualOut, K,
             h_end, sx, ws, ws_b, num_kb, PAIRED, NORM, HAS_RESIDUAL, TWO_PASS, FP8,
         )  # fmt: skip
+    if FP8 == 1:
+        acc = tl.sum(acc, 1)
+        acc_b = tl.sum(acc_b, 1)
     if NORM and not TWO_PASS:
         rstd = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
         acc *= rstd
