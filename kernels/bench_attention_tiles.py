@@ -5,7 +5,7 @@ cap) and split count, Llama-3-8B shapes, at the batch sizes and contexts of the 
 
 Each case is replayed from a CUDA graph (``triton.testing.do_bench_cudagraph``); bandwidth
 counts the K and V bytes every row's context holds, against a device-to-device copy measured
-in the same run. The fastest entry per case says what ``decode_attention.TILES`` should hold.
+in the same run. The fastest entry per case says what ``decode_attention.tiles_for`` should answer.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from bench_kernels import (
 )
 from tokenspeed_kernels import kv_layout
 from tokenspeed_kernels.decode_attention import (
-    TILES,
     NewToken,
     decode_attention,
     num_kv_splits_for,
+    tiles_for,
 )
 
 CASES = ((1, 1536), (64, 1024), (64, 1536), (512, 1536))
@@ -98,7 +98,7 @@ def bench_case(
         return triton.testing.do_bench_cudagraph(fn) * 1e3
 
     sweep = {}
-    default = TILES[k_cache.element_size()]
+    default = tiles_for(batch, k_cache.element_size())
     for tiles in only or [default, *itertools.product(BLOCK_NS, WARPS, STAGES, REGISTERS)]:
         for splits in sorted({chosen, min(2 * chosen, 32), min(4 * chosen, 32)}):
             sweep[f"{tile_name(tiles)}/{splits}"] = run(tiles, splits)
