@@ -98,7 +98,7 @@ def bench_case(
         return triton.testing.do_bench_cudagraph(fn) * 1e3
 
     sweep = {}
-    default = tiles_for(batch, k_cache.element_size())
+    default = tiles_for(batch, k_cache.element_size(), chosen)
     for tiles in only or [default, *itertools.product(BLOCK_NS, WARPS, STAGES, REGISTERS)]:
         for splits in sorted({chosen, min(2 * chosen, 32), min(4 * chosen, 32)}):
             sweep[f"{tile_name(tiles)}/{splits}"] = run(tiles, splits)

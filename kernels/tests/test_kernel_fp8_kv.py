@@ -109,6 +109,21 @@ def test_decode_over_an_fp8_cache_is_decode_over_its_values(splits, v_order):
     assert_close(out, ref)
 
 
+def test_unsplit_decode_over_an_fp8_cache_is_the_same_alone_and_in_a_batch(v_order):
+    # The batch-invariant mode's launch (one split a row): a row's keys are summed in the same
+    # tiles whatever the batch, so the row alone is the row beside another bit for bit.
+    batch, scales = _fp8_batch([150, 200], [1, 1], v_order, group=4, seed=2)
+    args = (batch.k_cache, batch.v_cache)
+    both = decode_attention(
+        batch.q[:2], *args, batch.block_tables, batch.seq_lens, 0.125, 1, kv_scales=scales
+    )
+    alone = decode_attention(
+        batch.q[1:2], *args, batch.block_tables[1:2], batch.seq_lens[1:2], 0.125, 1,
+        kv_scales=scales,
+    )  # fmt: skip
+    assert torch.equal(alone, both[1:2])
+
+
 def test_decode_new_token_store_is_the_rotary_store(v_order):
     batch, scales = _fp8_batch([7, 33], [1, 1], v_order, group=2, seed=3)
     cos_sin = build_cos_sin_cache(D, 256, 10000.0, None).to(DEVICE)

@@ -87,19 +87,22 @@ from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_he
 # registers a thread uncapped (V dim-major, kv_layout), three programs per SM; capped at 128
 # (a few spills), four fit, and that tile stays the fastest.
 TILES = {1: (128, 4, 2, 128), 2: (64, 4, 2, None), 4: (64, 4, 2, None)}
-# At one row the splits (``num_kv_splits_for``: up to 32 a head) leave each a tile or less
-# of a 1-2k context, so what a split's program waits on is one tile's chain, not the SM's
-# loads in flight: an e4m3 cache takes half the keys a tile there, and no register cap.
+# A split launch of one row (``num_kv_splits_for``: up to 32 splits a head) leaves each split
+# a tile or less of a 1-2k context, so what its program waits on is one tile's chain, not
+# the SM's loads in flight: an e4m3 cache takes half the keys a tile there, and no register
+# cap. Unsplit launches (the batch-invariant mode's) keep ``TILES`` at every batch size: a
+# row's keys are then summed in the same tiles alone as in a batch.
 ONE_ROW_TILES = {1: (64, 4, 2, None)}
 MAX_KV_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, merge) than it saves
 _LOG2E = 1.4426950408889634
 
 
-def tiles_for(batch_size: int, itemsize: int) -> tuple:
-    """The tiles a launch of ``batch_size`` rows over a cache of ``itemsize``-byte values takes
-    (``TILES``, ``ONE_ROW_TILES``)."""
-    return (batch_size == 1 and ONE_ROW_TILES.get(itemsize)) or TILES[itemsize]
+def tiles_for(batch_size: int, itemsize: int, num_kv_splits: int) -> tuple:
+    """The tiles a launch of ``batch_size`` rows and ``num_kv_splits`` splits over a cache of
+    ``itemsize``-byte values takes (``TILES``, ``ONE_ROW_TILES``)."""
+    one_row = batch_size == 1 and num_kv_splits > 1
+    return (one_row and ONE_ROW_TILES.get(itemsize)) or TILES[itemsize]
 
 
 def num_kv_splits_for(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -371,7 +374,9 @@ def decode_attention(
     # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
     block_h = max(16, triton.next_power_of_2(group))
     k_scale, v_scale = cache_scales(k_cache, kv_scales)
-    block_n, num_warps, num_stages, *cap = tiles or tiles_for(batch, k_cache.element_size())
+    block_n, num_warps, num_stages, *cap = tiles or tiles_for(
+        batch, k_cache.element_size(), num_kv_splits
+    )
     registers = {"maxnreg": cap[0]} if cap and cap[0] is not None else {}
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, counters,
