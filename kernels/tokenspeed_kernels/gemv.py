@@ -76,7 +76,7 @@ import triton.language as tl
 
 from tokenspeed_kernels import fp8, pdl, precise_math, tuning
 from tokenspeed_kernels.activation import silu_mul
-from tokenspeed_kernels.gemv_jit import products
+from tokenspeed_kernels.gemv_jit import SLICE, products
 
 
 @triton.jit
@@ -180,11 +180,12 @@ def prologue_block(k: int, num_warps: int) -> int:
 
 def check_tiles(weight, block_k: int, norm: bool, two_pass: bool) -> None:
     """A block-scaled weight's K chunks hold whole 128-groups, a per-row-scaled one's whole
-    16-value slices (``gemv_jit._partial_sums``); an FP8 product's norm prologue rounds the
+    ``SLICE``-value slices (``gemv_jit._partial_sums``); an FP8 product's norm prologue rounds the
     normed input as the norm kernel does (x is quantized from those values)."""
     if isinstance(weight, fp8.Fp8Weight):
         assert not weight.block or block_k % fp8.BLOCK == 0, "block scales: BLOCK_K % 128"
-        assert block_k % 16 == 0, "FP8 products sum 16-value slices: BLOCK_K % 16"
+        slice_ = SLICE.value
+        assert block_k % slice_ == 0, f"FP8 products sum {slice_}-value slices: BLOCK_K % {slice_}"
         assert not norm or two_pass, "an FP8 product's norm prologue is the two-pass one"
 
 

@@ -9,6 +9,8 @@ import triton.language as tl
 
 from tokenspeed_kernels import fp8_jit, pdl
 
+SLICE = tl.constexpr(16)  # an e4m3 tile's values a thread loads at once: one 16-byte load
+
 
 @triton.jit
 def _load_h(X, Residual, offs, mask, HAS_RESIDUAL: tl.constexpr):
@@ -87,12 +89,12 @@ def _accumulate(
 
 @triton.jit
 def _partial_sums(w, x, part):
-    """``part`` ([BN, BK / 16] fp32) plus each 16-value slice's sum of ``w * x``: the sums a
-    thread takes of its own 16-byte e4m3 load, no exchange between threads in the K loop."""
+    """``part`` ([BN, BK / SLICE] fp32) plus each SLICE-value slice's sum of ``w * x``: the sums
+    a thread takes of its own 16-byte e4m3 load, no exchange between threads in the K loop."""
     BN: tl.constexpr = w.shape[0]
     BK: tl.constexpr = w.shape[1]
     prod = w.to(tl.float32) * x[None, :]
-    return part + tl.sum(tl.reshape(prod, (BN, BK // 16, 16)), 2)
+    return part + tl.sum(tl.reshape(prod, (BN, BK // SLICE, SLICE)), 2)
 
 
 @triton.jit
@@ -115,7 +117,7 @@ def products(
     w_ptrs = W + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     b_ptrs = W + rows_b.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     if FP8 == 1:  # partial sums, reduced after the loop (``_partial_sums``)
-        acc = tl.zeros((rows.shape[0], BLOCK_K // 16), dtype=tl.float32)
+        acc = tl.zeros((rows.shape[0], BLOCK_K // SLICE), dtype=tl.float32)
     else:
         acc = tl.zeros(rows.shape, dtype=tl.float32)
     acc_b = acc
