@@ -76,7 +76,8 @@ import triton.language as tl
 
 from tokenspeed_kernels import fp8, pdl, precise_math, tuning
 from tokenspeed_kernels.activation import silu_mul
-from tokenspeed_kernels.gemv_jit import SLICE, products
+from tokenspeed_kernels.fp8_jit import SLICE
+from tokenspeed_kernels.gemv_jit import products
 
 
 @triton.jit
@@ -180,7 +181,7 @@ def prologue_block(k: int, num_warps: int) -> int:
 
 def check_tiles(weight, block_k: int, norm: bool, two_pass: bool) -> None:
     """A block-scaled weight's K chunks hold whole 128-groups, a per-row-scaled one's whole
-    ``SLICE``-value slices (``gemv_jit._partial_sums``); an FP8 product's norm prologue rounds the
+    ``SLICE``-value slices (``fp8_jit.slice_sums``); an FP8 product's norm prologue rounds the
     normed input as the norm kernel does (x is quantized from those values)."""
     if isinstance(weight, fp8.Fp8Weight):
         assert not weight.block or block_k % fp8.BLOCK == 0, "block scales: BLOCK_K % 128"

@@ -9,8 +9,6 @@ import triton.language as tl
 
 from tokenspeed_kernels import fp8_jit, pdl
 
-SLICE = tl.constexpr(16)  # an e4m3 tile's values a thread loads at once: one 16-byte load
-
 
 @triton.jit
 def _load_h(X, Residual, offs, mask, HAS_RESIDUAL: tl.constexpr):
@@ -76,25 +74,15 @@ def _accumulate(
         if PAIRED:
             acc_b = fp8_jit.block_dot(w_b, x, k0, ws_b, num_kb, acc_b)
     elif FP8 == 1:
-        x = fp8_jit.fake_quantize(x, sx)
-        acc = _partial_sums(w, x, acc)
+        x = fp8_jit.fake_quantize(x, 1.0 / sx)
+        acc += fp8_jit.slice_sums(w, x)
         if PAIRED:
-            acc_b = _partial_sums(w_b, x, acc_b)
+            acc_b += fp8_jit.slice_sums(w_b, x)
     else:
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if PAIRED:
             acc_b += tl.sum(w_b.to(tl.float32) * x[None, :], axis=1)
     return acc, acc_b, sum_sq
-
-
-@triton.jit
-def _partial_sums(w, x, part):
-    """``part`` ([BN, BK / SLICE] fp32) plus each SLICE-value slice's sum of ``w * x``: the sums
-    a thread takes of its own 16-byte e4m3 load, no exchange between threads in the K loop."""
-    BN: tl.constexpr = w.shape[0]
-    BK: tl.constexpr = w.shape[1]
-    prod = w.to(tl.float32) * x[None, :]
-    return part + tl.sum(tl.reshape(prod, (BN, BK // SLICE, SLICE)), 2)
 
 
 @triton.jit
@@ -116,8 +104,8 @@ def products(
     offs_p = tl.arange(0, BLOCK_P)
     w_ptrs = W + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     b_ptrs = W + rows_b.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    if FP8 == 1:  # partial sums, reduced after the loop (``_partial_sums``)
-        acc = tl.zeros((rows.shape[0], BLOCK_K // SLICE), dtype=tl.float32)
+    if FP8 == 1:  # partial sums, reduced after the loop (``fp8_jit.slice_sums``)
+        acc = tl.zeros((rows.shape[0], BLOCK_K // fp8_jit.SLICE), dtype=tl.float32)
     else:
         acc = tl.zeros(rows.shape, dtype=tl.float32)
     acc_b = acc
