@@ -56,11 +56,14 @@ MODELS = {
 }  # fmt: skip
 NORMED = ("qkv", "gate_up")  # the projections after a decoder layer's norms
 # The 16-bit product's grid, and tiles of twice the K: an e4m3 tile of a given shape holds
-# half the bytes, so the same bytes in flight take twice the elements.
+# half the bytes, so the same bytes in flight take twice the elements. The last two give the
+# SwiGLU's paired rows one row a thread: with several, the compiler may pair rows sharing an
+# x value into its packed fp16 products, a byte permute each (docs/performance.md).
 GEMV_GRID = [
     (8, 512, 4, 3), (8, 1024, 8, 3), (16, 512, 4, 1), (16, 512, 8, 3),
     (4, 1024, 8, 1), (8, 1024, 4, 1), (16, 1024, 8, 1), (4, 512, 4, 3),
     (8, 2048, 8, 3), (8, 2048, 8, 1), (16, 2048, 16, 1), (4, 2048, 4, 3), (4, 4096, 8, 1),
+    (4, 2048, 8, 3), (8, 2048, 16, 1),
 ]  # fmt: skip
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages); BLOCK_M from the bucket. Block scales
 # take BLOCK_K 128; per-row ones also the wider K, which holds a 16-bit tile's bytes.
