@@ -131,6 +131,24 @@ def test_fp8_gemv_norm_prologue_and_swiglu_epilogue(kind):
     assert_close(y, silu_and_mul(want))
 
 
+def test_fp8_gemv_fp16_lanes_hold_the_largest_products():
+    # Every quantized value at e4m3's largest magnitude: each 16-value slice sums two fp16
+    # lanes of 8 products of 448 x 448 (``fp8_jit.slice_sums``), which fit only because x
+    # enters the products scaled by 2**-8. Rows of one sign, of alternating signs, and
+    # one whose slices alternate, against the fp32 definition.
+    n, k = 16, 512
+    sign = torch.ones(n, k)
+    sign[1::3] = torch.tensor([1.0, -1.0]).repeat(k // 2)
+    sign[2::3] = torch.tensor([1.0] * 16 + [-1.0] * 16).repeat(k // 32)
+    q = (448.0 * sign).to(fp8.FP8).to(DEVICE)
+    w = Fp8Weight(q, torch.full((n,), 1.0 / k, device=DEVICE))
+    x = torch.full((1, k), 3.0, device=DEVICE, dtype=torch.bfloat16)
+    want = fp8.linear(x, w.q, w.scale)
+    assert want[0, 0].item() == 3.0 * 448  # k products of 448 x 448, times (3 / 448) / k
+    for config in [(8, 128, 4, 1), (16, 512, 4, 1)]:
+        assert_close(gemv(x, w, None, config), want)
+
+
 def test_fp8_gemv_prologue_reads_x_in_several_chunks():
     # One warp: the prologue's chunk is 512 values (``gemv.prologue_block``), so 1,200 are
     # three chunks, the last partial; the row's largest value sits in the last one, so the
