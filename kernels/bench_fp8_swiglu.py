@@ -90,6 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fp8_swiglu.py needs a CUDA device")
+    torch.manual_seed(0)  # the same operands, so the same reference check, every sweep
     copy = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: D2D copy {copy / 1e12:.2f} TB/s")
     weights = fp8_copies(N, K, False)
