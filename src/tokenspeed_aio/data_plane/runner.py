@@ -32,6 +32,15 @@ from tokenspeed_aio.scheduler.plan import ExecutionPlan, ScheduledRow
 _ALIGN_BYTES = 16
 
 
+def mixed_warm_up_rows(max_decodes: int) -> list[int]:
+    """The decode-row counts the startup warm-up runs beside a prefill chunk: one of each
+    form a backend's decode kernel takes by row count -- one row (which may have tiles of
+    its own), several rows split over the keys, many rows in one KV split. The split count
+    only falls as rows grow, so 2 stands for every count that still splits and
+    ``max_decodes`` for every count that does not."""
+    return sorted({1, min(2, max_decodes), max_decodes})
+
+
 def _packed(arrays: list[np.ndarray], dtype, device: torch.device) -> list[torch.Tensor]:
     """One host->device copy for several arrays, returned as device views.
 
@@ -177,9 +186,8 @@ class ModelRunner:
 
     def warm_up_mixed(self, max_decodes: int) -> None:
         """Compile, at startup, what a mixed forward launches: decode rows beside a prefill
-        chunk, at 1 and at ``max_decodes`` decode rows (a backend's decode kernel may take
-        another form for many rows, e.g. one KV split instead of several)."""
-        for decodes in sorted({1, max_decodes}):
+        chunk, at each of ``mixed_warm_up_rows``' decode-row counts."""
+        for decodes in mixed_warm_up_rows(max_decodes):
             self._null_forward(num_decodes=decodes, chunk=2)
 
     @torch.inference_mode()
