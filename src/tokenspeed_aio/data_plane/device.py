@@ -279,8 +279,7 @@ def build_device_side(args: EngineArgs, rank: RankInfo) -> DeviceBuild:
     if capture_sizes:
         runner.capture_graphs(capture_sizes)
     if device.type == "cuda":
-        runner.idle_forward()  # the eager decode path's warm-up
-        runner.warm_up_mixed(max_num_seqs)
+        runner.warm_up_eager(max_num_seqs)
         warm_up_sampling_kernel(config.vocab_size, dtype, device)
         if args.grammar_backend == "xgrammar":
             warm_up_bitmask_kernel(config.vocab_size, device)

@@ -32,12 +32,12 @@ from tokenspeed_aio.scheduler.plan import ExecutionPlan, ScheduledRow
 _ALIGN_BYTES = 16
 
 
-def mixed_warm_up_rows(max_decodes: int) -> list[int]:
-    """The decode-row counts the startup warm-up runs beside a prefill chunk: one of each
-    form a backend's decode kernel takes by row count -- one row (which may have tiles of
-    its own), several rows split over the keys, many rows in one KV split. The split count
-    only falls as rows grow, so 2 stands for every count that still splits and
-    ``max_decodes`` for every count that does not."""
+def warm_up_rows(max_decodes: int) -> list[int]:
+    """The decode-row counts the startup warm-up runs: one of each form a backend's decode
+    kernel takes by row count -- one row (which may have tiles of its own), several rows
+    split over the keys, many rows in one KV split. The split count only falls as rows
+    grow, so 2 stands for every count that still splits and ``max_decodes`` for every count
+    that does not."""
     return sorted({1, min(2, max_decodes), max_decodes})
 
 
@@ -184,11 +184,13 @@ class ModelRunner:
         enters every collective of a forward without touching any request's state."""
         self._null_forward(num_decodes=1, chunk=0)
 
-    def warm_up_mixed(self, max_decodes: int) -> None:
-        """Compile, at startup, what a mixed forward launches: decode rows beside a prefill
-        chunk, at each of ``mixed_warm_up_rows``' decode-row counts."""
-        for decodes in mixed_warm_up_rows(max_decodes):
-            self._null_forward(num_decodes=decodes, chunk=2)
+    def warm_up_eager(self, max_decodes: int) -> None:
+        """Compile, at startup, what an eager forward launches: decode rows alone (a batch
+        no captured graph holds) and beside a prefill chunk, at each of ``warm_up_rows``'
+        decode-row counts."""
+        for decodes in warm_up_rows(max_decodes):
+            for chunk in (0, 2):
+                self._null_forward(num_decodes=decodes, chunk=chunk)
 
     @torch.inference_mode()
     def _null_forward(self, num_decodes: int, chunk: int) -> None:
