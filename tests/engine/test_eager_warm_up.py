@@ -4,9 +4,14 @@ the compile check at error a form first met while serving fails the engine (it d
 when one-row launches got tiles of their own and the warm-up ran 1 and 512 rows only)."""
 
 import pytest
+import torch
+from helpers.checkpoints import make_checkpoint
 from tokenspeed_kernels.decode_attention import num_kv_splits_for, tiles_for
 
+from tokenspeed_aio.args import EngineArgs
+from tokenspeed_aio.data_plane.device import build_device_side
 from tokenspeed_aio.data_plane.runner import warm_up_rows
+from tokenspeed_aio.data_plane.specs import RankInfo
 
 
 def _form(rows: int, itemsize: int, heads: int, max_seq_len: int, sms: int) -> tuple:
@@ -34,3 +39,24 @@ def test_the_warm_up_rows_stay_within_the_running_limit():
     assert warm_up_rows(1) == [1]
     assert warm_up_rows(2) == [1, 2]
     assert warm_up_rows(512) == [1, 2, 512]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_warm_up_forwards_run_and_write_no_cache(tmp_path, backend):
+    """Every warm-up forward (decode rows alone and beside a chunk, up to the most rows)
+    runs on the backend and stores nothing: its tokens' slots are -1."""
+    make_checkpoint(tmp_path / "m")
+    args = EngineArgs(
+        model=str(tmp_path / "m"), device="cpu", page_size=4, num_kv_blocks=64, max_num_seqs=3,
+        max_model_len=256, attention_backend=backend, kv_cache_dtype="fp8", kv_cache_scales="unit",
+    )  # fmt: skip
+    build = build_device_side(args, RankInfo())
+    try:
+        runner = build.handle._runner
+        caches = [c.view(torch.uint8) for c in (*runner.k_caches, *runner.v_caches)]
+        for c in caches:  # e4m3 1.0 everywhere: a store of anything (zeros too) shows
+            c.fill_(0x38)
+        runner.warm_up_eager(args.max_num_seqs)
+        assert all(bool((c == 0x38).all()) for c in caches)
+    finally:
+        build.handle.shutdown()
