@@ -1,7 +1,8 @@
 """The startup warm-up compiles every form of the decode kernel an eager forward launches
 (decode rows beside a prompt chunk, or alone where no captured graph holds the batch): with
-the compile check at error a form first met while serving fails the engine (it did at c=64
-when one-row launches got tiles of their own and the warm-up ran 1 and 512 rows only)."""
+the compile check at error a form first met while serving fails the engine. One row may
+have tiles of its own, so 1 and the most rows alone leave the split launch of several
+rows uncompiled."""
 
 import pytest
 import torch
