@@ -1,5 +1,5 @@
 """Decode attention's tiles by cache dtype: every (keys per tile, warps, stages, register
-cap, key groups) and split count, Llama-3-8B shapes, at the batch sizes and contexts of the fixed-1k runs.
+cap) and split count, Llama-3-8B shapes, at the batch sizes and contexts of the fixed-1k runs.
 
     python kernels/bench_attention_tiles.py --json OUT.json
 
@@ -30,7 +30,6 @@ from bench_kernels import (
 from tokenspeed_kernels import kv_layout
 from tokenspeed_kernels.decode_attention import (
     NewToken,
-    Tiles,
     decode_attention,
     num_kv_splits_for,
     tiles_for,
@@ -41,18 +40,8 @@ BLOCK_NS, WARPS, STAGES, REGISTERS = (64, 128), (4, 8), (1, 2, 3), (None, 128)
 
 
 def tile_name(tiles: tuple) -> str:
-    """KEYSxWARPSxSTAGES[xREGISTERS][xgKEY_GROUPS], as ``--tiles`` takes it."""
-    block_n, warps, stages, registers, key_groups = Tiles(*tiles)
-    parts = [block_n, warps, stages] + ([registers] if registers else [])
-    return "x".join(map(str, parts)) + (f"xg{key_groups}" if key_groups > 1 else "")
-
-
-def parse_tiles(name: str) -> Tiles:
-    """``tile_name``'s inverse."""
-    block_n, warps, stages, *rest = name.split("x")
-    registers = next((int(p) for p in rest if p.isdigit()), None)
-    key_groups = next((int(p[1:]) for p in rest if p.startswith("g")), 1)
-    return Tiles(int(block_n), int(warps), int(stages), registers, key_groups)
+    """KEYSxWARPSxSTAGES[xREGISTERS], as ``--tiles`` takes it."""
+    return "x".join(str(t) for t in tiles if t is not None)
 
 
 def head_major(cache: torch.Tensor) -> torch.Tensor:
@@ -137,9 +126,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here (after every case)")
     parser.add_argument("--kv", choices=("bf16", "fp8"), help="only this cache dtype")
     parser.add_argument("--case", help="only BATCH:CONTEXT")
-    parser.add_argument(
-        "--tiles", help="only these KEYSxWARPSxSTAGES[xREGISTERS][xgKEY_GROUPS], comma-separated"
-    )
+    parser.add_argument("--tiles", help="only these KEYSxWARPSxSTAGES[xREGISTERS], comma-separated")
     parser.add_argument(
         "--layout",
         choices=("token", "head"),
@@ -160,7 +147,7 @@ def main() -> None:
     copy = copy_bandwidth()
     results = []
     cases = [tuple(map(int, args.case.split(":")))] if args.case else CASES
-    tiles = [parse_tiles(t) for t in args.tiles.split(",")] if args.tiles else None
+    tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")] if args.tiles else None
     kvs = (args.kv == "fp8",) if args.kv else (False, True)
     for fp8, (batch, context) in itertools.product(kvs, cases):
         r = bench_case(batch, context, fp8, num_sms, tiles, args.layout, args.new_token)

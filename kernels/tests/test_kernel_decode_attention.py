@@ -35,10 +35,10 @@ def _decode_batch(contexts, *, group, num_kv_heads=2, head_dim=64, page_size=16,
     return batch
 
 
-def _run(batch, num_kv_splits, scale=0.125, tiles=None):
+def _run(batch, num_kv_splits, scale=0.125):
     out = decode_attention(
         batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale,
-        num_kv_splits, tiles=tiles,
+        num_kv_splits,
     )  # fmt: skip
     ref = paged_attention_reference(
         batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc,
@@ -94,17 +94,6 @@ def test_decode_row_with_no_keys_gives_zeros(splits):
     assert_close(out[1], ref[1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("key_groups", [2, 4])
-@pytest.mark.parametrize("splits", [1, 3])
-def test_decode_with_key_groups_matches_reference(dtype, key_groups, splits):
-    # Each run of 64 / key_groups keys keeps its own softmax until the groups are weighed into
-    # one; the rows of 1 and 17 keys leave whole groups without a key in every tile.
-    batch = _decode_batch(CONTEXTS, group=4, dtype=dtype, seed=5)
-    out, ref = _run(batch, splits, tiles=(64, 4, 2, None, key_groups))
-    assert_close(out, ref)
-
-
 def test_decode_single_split_equals_the_merge_of_one_split():
     # One split writes the output directly; merging a single split is exact, so the two paths
     # give the same bits. The merging program zeroes the counters it used.
@@ -122,7 +111,7 @@ def test_decode_single_split_equals_the_merge_of_one_split():
         batch.block_tables.stride(0), *_new_token_args(q, batch.k_cache, batch.v_cache, None),
         GROUP=4, BLOCK_H=16, HEAD_DIM=64, BLOCK_D=64, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
         BLOCK_G=4, BLOCK_S=MAX_KV_SPLITS, NEW_TOKEN=False, QK_NORM=False, PRECISE=False,
-        V_PAGES=False, KEY_GROUPS=1,
+        V_PAGES=False,
     )  # fmt: skip
     assert torch.equal(direct, merged)
     assert not counters.any()
@@ -274,13 +263,12 @@ def test_num_kv_splits_depends_only_on_host_constants():
 
 @gpu_test
 @pytest.mark.parametrize("group", [1, 4, 8])
-@pytest.mark.parametrize("key_groups", [1, 4])
-def test_decode_llama_shapes_gpu(group, key_groups):
+def test_decode_llama_shapes_gpu(group):
     contexts = [0, 1, 15, 16, 17, 255, 1000, 4095] * 8
     batch = _decode_batch(contexts, group=group, num_kv_heads=32 // group, head_dim=128,
                           dtype=torch.bfloat16, seed=group)  # fmt: skip
     for splits in (1, 5, 16):
-        out, ref = _run(batch, splits, scale=128**-0.5, tiles=(128, 4, 2, None, key_groups))
+        out, ref = _run(batch, splits, scale=128**-0.5)
         assert_close(out, ref)
 
 

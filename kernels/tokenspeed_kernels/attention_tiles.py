@@ -96,32 +96,12 @@ def mma(a, b):
 
 
 @triton.jit
-def _keys_last(k, KEY_GROUPS: tl.constexpr):
-    """A [BLOCK_N, D] key tile as the scores product's second operand: [D, BLOCK_N], or with
-    key groups [G, D, BLOCK_N / G], each group's keys consecutive (``attend_keys``)."""
-    if KEY_GROUPS == 1:
-        return tl.trans(k)
-    else:
-        tile = tl.reshape(k, (KEY_GROUPS, k.shape[0] // KEY_GROUPS, k.shape[1]))
-        return tl.permute(tile, (0, 2, 1))
-
-
-@triton.jit
-def _keys_first(x, KEY_GROUPS: tl.constexpr):
-    """A [BLOCK_N, D] value tile as [G, BLOCK_N / G, D] with key groups, else as it is."""
-    if KEY_GROUPS == 1:
-        return x
-    else:
-        return tl.reshape(x, (KEY_GROUPS, x.shape[0] // KEY_GROUPS, x.shape[1]))
-
-
-@triton.jit
 def attend_keys(
     acc, m_i, l_i, q, q_pos, n_lo, n_hi,
     K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2,
     stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh, stride_vd,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    V_PAGES: tl.constexpr, KEY_GROUPS: tl.constexpr,
+    V_PAGES: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of (acc, m_i, l_i) with the keys at positions [n_lo, n_hi).
 
@@ -130,18 +110,9 @@ def attend_keys(
     k scale is in ``scale_log2``; its v scale multiplies the caller's output (module doc).
     With V_PAGES (``reads_pages``) V is read a page at a time: ``n_lo`` must be a multiple
     of BLOCK_N (the decode kernel's splits and the extend kernel's bounds are).
-
-    KEY_GROUPS > 1 (not with CAUSAL) cuts every tile into that many runs of consecutive keys,
-    each with a softmax of its own to the end: the state is ``key_groups_state``'s, one per
-    group, and ``merge_key_groups`` weighs them into one. The products are batched over the
-    groups, and Triton gives each group its own warps, so no row max nor probability crosses
-    warps inside the loop. A group may see no key in a tile, or in the whole range: its max
-    stays -inf and its weight 0.
     """
     if K_cache.dtype.element_ty == tl.float8e4nv and q.dtype != tl.float32:
         q = q.to(tl.float16)  # the tiles' dtype (module doc)
-    if KEY_GROUPS > 1:
-        q = tl.broadcast_to(q[None, :, :], (KEY_GROUPS, q.shape[0], q.shape[1]))
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < n_hi
@@ -149,62 +120,28 @@ def attend_keys(
             K_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_kb, stride_kp, stride_kh, 1, PAGE_SIZE,
         )  # fmt: skip
-        s = mma(q, _keys_last(k.to(q.dtype), KEY_GROUPS)) * scale_log2
+        s = mma(q, tl.trans(k.to(q.dtype))) * scale_log2
         if CAUSAL:
             s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
-        elif KEY_GROUPS == 1:
-            s = tl.where(n_mask[None, :], s, float("-inf"))
         else:
-            by_group = tl.reshape(n_mask, (KEY_GROUPS, BLOCK_N // KEY_GROUPS))
-            s = tl.where(by_group[:, None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, -1))
-        m_ref = m_new
-        if KEY_GROUPS > 1:  # a group without a key so far: any finite reference gives 0s
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - tl.expand_dims(m_ref, -1))
-        l_i = l_i * alpha + tl.sum(p, -1)
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         if V_PAGES:
             v = load_page_tile(
                 V_cache, bt_row, n0, n_hi, kv_head, stride_vb, stride_vh,
-                PAGE_SIZE, BLOCK_N, offs_d.shape[0],
+                PAGE_SIZE, BLOCK_N, q.shape[1],
             )  # fmt: skip
         else:
             v = load_kv_tile(
                 V_cache, bt_row, offs_n, n_mask, offs_d, d_mask, kv_head,
                 stride_vb, stride_vp, stride_vh, stride_vd, PAGE_SIZE,
             )  # fmt: skip
-        v = _keys_first(v.to(q.dtype), KEY_GROUPS)
-        acc = acc * tl.expand_dims(alpha, -1) + mma(p.to(q.dtype), v)
+        acc = acc * alpha[:, None] + mma(p.to(q.dtype), v.to(q.dtype))
         m_i = m_new
     return acc, m_i, l_i
-
-
-@triton.jit
-def key_groups_state(BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, KEY_GROUPS: tl.constexpr):
-    """The empty (acc, m_i, l_i) of ``attend_keys`` for BLOCK_H queries: [H, D], [H], [H], or
-    [G, H, D], [G, H], [G, H] with key groups."""
-    if KEY_GROUPS == 1:
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-    else:
-        acc = tl.zeros([KEY_GROUPS, BLOCK_H, BLOCK_D], tl.float32)
-        m_i = tl.full([KEY_GROUPS, BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([KEY_GROUPS, BLOCK_H], tl.float32)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def merge_key_groups(acc, m_i, l_i, KEY_GROUPS: tl.constexpr):
-    """``attend_keys``' state of KEY_GROUPS key groups as one (the state itself for 1): each
-    group weighed by 2^(its max - the max of all). At least one group must have seen a key."""
-    if KEY_GROUPS == 1:
-        return acc, m_i, l_i
-    else:
-        m = tl.max(m_i, 0)
-        w = tl.exp2(m_i - m[None, :])
-        return tl.sum(acc * w[:, :, None], 0), m, tl.sum(l_i * w, 0)
 
 
 @triton.jit

@@ -76,47 +76,29 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernels import kv_layout, precise_math
-from tokenspeed_kernels.attention_tiles import (
-    attend_keys,
-    head_scales,
-    key_groups_state,
-    merge_key_groups,
-    reads_pages,
-)
+from tokenspeed_kernels.attention_tiles import attend_keys, head_scales, reads_pages
 from tokenspeed_kernels.fp8 import cache_scales
 from tokenspeed_kernels.rotary import kv_store_strides, load_cos_sin, rotated_heads, store_kv_slot
 
-
-class Tiles(NamedTuple):
-    """A launch's tiles: keys per tile, warps, pipeline stages, the register cap a thread (None:
-    none) and the key groups (``attention_tiles.attend_keys``: runs of a tile's keys, each
-    with a softmax of its own until the program's end)."""
-
-    block_n: int
-    warps: int
-    stages: int
-    registers: int | None = None
-    key_groups: int = 1
-
-
-# The tiles by the cache's bytes per value. The loop over a split's keys is latency-bound: a
-# tile's gather, widening and two small products run back to back, so what the SM holds in
-# flight sets the bandwidth (kernels/bench_attention_tiles.py). An e4m3 tile's widened K and
-# V take about 150 registers a thread uncapped (V dim-major, kv_layout), three programs per
-# SM; capped at 128 (a few spills), four fit, and that tile stays the fastest.
-TILES = {1: Tiles(128, 4, 2, 128), 2: Tiles(64, 4, 2), 4: Tiles(64, 4, 2)}
+# (keys per tile, warps, pipeline stages, registers per thread or None) by the cache's bytes
+# per value. The loop over a split's keys is latency-bound: a tile's gather, widening and two
+# small products run back to back, so what the SM holds in flight sets the bandwidth
+# (kernels/bench_attention_tiles.py). An e4m3 tile's widened K and V take about 150
+# registers a thread uncapped (V dim-major, kv_layout), three programs per SM; capped at 128
+# (a few spills), four fit, and that tile stays the fastest.
+TILES = {1: (128, 4, 2, 128), 2: (64, 4, 2, None), 4: (64, 4, 2, None)}
 # A split launch of one row (``num_kv_splits_for``: up to 32 splits a head) leaves each split
 # a tile or less of a 1-2k context, so what its program waits on is one tile's chain, not
 # the SM's loads in flight: an e4m3 cache takes half the keys a tile there, and no register
 # cap. Unsplit launches (the batch-invariant mode's) keep ``TILES`` at every batch size: a
 # row's keys are then summed in the same tiles alone as in a batch.
-ONE_ROW_TILES = {1: Tiles(64, 4, 2)}
+ONE_ROW_TILES = {1: (64, 4, 2, None)}
 MAX_KV_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256  # below this a split costs more (partials, merge) than it saves
 _LOG2E = 1.4426950408889634
 
 
-def tiles_for(batch_size: int, itemsize: int, num_kv_splits: int) -> Tiles:
+def tiles_for(batch_size: int, itemsize: int, num_kv_splits: int) -> tuple:
     """The tiles a launch of ``batch_size`` rows and ``num_kv_splits`` splits over a cache of
     ``itemsize``-byte values takes (``TILES``, ``ONE_ROW_TILES``)."""
     one_row = batch_size == 1 and num_kv_splits > 1
@@ -185,7 +167,6 @@ def _decode_split_kernel(
     QK_NORM: tl.constexpr,
     PRECISE: tl.constexpr,  # precise_math.PRECISE_MATH: NEW_TOKEN's products round alone
     V_PAGES: tl.constexpr,  # a dim-major V cache read a page at a time (``attend_keys``)
-    KEY_GROUPS: tl.constexpr,  # runs of a tile's keys with a softmax each (``attend_keys``)
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -240,14 +221,15 @@ def _decode_split_kernel(
             )
         bt_row = Block_tables + row.to(tl.int64) * stride_bt
 
-        acc, m_i, l_i = key_groups_state(BLOCK_H, BLOCK_D, KEY_GROUPS)
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, offs_h, start, end,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh, stride_vd,
-            PAGE_SIZE, BLOCK_N, False, V_PAGES, KEY_GROUPS,
+            PAGE_SIZE, BLOCK_N, False, V_PAGES,
         )  # fmt: skip
-        acc, m_i, l_i = merge_key_groups(acc, m_i, l_i, KEY_GROUPS)
 
         o = acc / l_i[:, None] * v_scale
         if DIRECT:
@@ -364,7 +346,7 @@ def decode_attention(
     the split merge's; a caller that replays the launch from a CUDA graph keeps one across
     launches, by default each call makes one. An FP8 (e4m3) cache takes ``kv_scales``: k's
     and v's [num_kv_heads] fp32 scales. ``tiles`` overrides ``tiles_for`` (a benchmark's sweep;
-    a tuple of ``Tiles``' fields, the last ones may be left out).
+    its register cap may be left out).
     """
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -392,11 +374,10 @@ def decode_attention(
     # tl.dot needs at least 16 rows; the padding heads are masked and cost no memory traffic.
     block_h = max(16, triton.next_power_of_2(group))
     k_scale, v_scale = cache_scales(k_cache, kv_scales)
-    block_n, num_warps, num_stages, cap, key_groups = Tiles(
-        *(tiles or tiles_for(batch, k_cache.element_size(), num_kv_splits))
+    block_n, num_warps, num_stages, *cap = tiles or tiles_for(
+        batch, k_cache.element_size(), num_kv_splits
     )
-    assert block_n % key_groups == 0 and block_n // key_groups >= 16, "16 keys a group at least"
-    registers = {"maxnreg": cap} if cap is not None else {}
+    registers = {"maxnreg": cap[0]} if cap and cap[0] is not None else {}
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, counters,
         k_scale, v_scale, scale * _LOG2E, num_kv_splits, out.stride(0), out.stride(1),
@@ -409,8 +390,7 @@ def decode_attention(
         NEW_TOKEN=new_token is not None,
         QK_NORM=new_token is not None and new_token.qk_norm is not None,
         PRECISE=precise_math.PRECISE_MATH,
-        V_PAGES=reads_pages(v_cache, block_n, block_d), KEY_GROUPS=key_groups,
-        num_warps=num_warps,
+        V_PAGES=reads_pages(v_cache, block_n, block_d), num_warps=num_warps,
         num_stages=num_stages, **registers,
     )  # fmt: skip
     return out

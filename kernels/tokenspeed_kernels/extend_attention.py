@@ -113,13 +113,13 @@ def _extend_kernel(
             acc, m_i, l_i, q, q_pos, 0, full_hi,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh, stride_vd,
-            PAGE_SIZE, BLOCK_N, False, V_PAGES, 1,
+            PAGE_SIZE, BLOCK_N, False, V_PAGES,
         )  # fmt: skip
         acc, m_i, l_i = attend_keys(
             acc, m_i, l_i, q, q_pos, full_hi, kv_hi,
             K_cache, V_cache, bt_row, kv_head, offs_d, d_mask, scale_log2 * k_scale,
             stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh, stride_vd,
-            PAGE_SIZE, BLOCK_N, True, V_PAGES, 1,
+            PAGE_SIZE, BLOCK_N, True, V_PAGES,
         )  # fmt: skip
         tl.store(
             Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
